@@ -1,0 +1,88 @@
+"""Execute every notebook on CPU with its offline parameters and write the run report.
+
+    python tools/run_notebooks.py                  # the main job: build/notebooks + report
+    python tools/run_notebooks.py --prepare-only   # inject parameters only (for nbval)
+    python tools/run_notebooks.py --only 00        # one notebook
+
+Parameters come from ``tests/params/<notebook stem>.yaml``; ``${FIXTURES}`` and ``${BUILD}``
+in their values become absolute paths. The fixtures are built first (cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+PARAMS = ROOT / "tests" / "params"
+
+
+def notebook_parameters(stem: str, build: Path) -> dict:
+    """The CPU parameters of notebook ``stem`` with placeholders filled in."""
+    path = PARAMS / f"{stem}.yaml"
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: every notebook needs CPU parameters there.")
+    text = path.read_text()
+    text = text.replace("${FIXTURES}", str(build / "fixtures")).replace("${BUILD}", str(build))
+    return yaml.safe_load(text) or {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--build", default=str(ROOT / "build"), help="build folder")
+    parser.add_argument("--out", default=None, help="executed notebooks (default BUILD/notebooks)")
+    parser.add_argument("--prepare-only", action="store_true", help="inject parameters, do not run")
+    parser.add_argument("--only", action="append", default=[], help="notebook number prefix")
+    args = parser.parse_args(argv)
+
+    import papermill
+
+    import tpu_helpers  # noqa: F401  (environment flags)
+    from tpu_helpers.fixtures import build_fixtures
+    from tpu_helpers.report import build_report
+
+    build = Path(args.build).resolve()
+    out = Path(args.out).resolve() if args.out else build / "notebooks"
+    out.mkdir(parents=True, exist_ok=True)
+    build_fixtures(build / "fixtures")
+
+    notebooks = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if args.only:
+        notebooks = [p for p in notebooks if any(p.name.startswith(o) for o in args.only)]
+    executed, failed = [], []
+    for nb in notebooks:
+        target = out / nb.name
+        params = notebook_parameters(nb.stem, build)
+        start = time.time()
+        try:
+            papermill.execute_notebook(
+                str(nb),
+                str(target),
+                parameters=params,
+                prepare_only=args.prepare_only,
+                kernel_name="python3",
+                cwd=str(out),
+                progress_bar=False,
+            )
+            status = "prepared" if args.prepare_only else "ok"
+        except papermill.PapermillExecutionError as err:
+            status = f"FAILED ({err.ename}: {err.evalue})"
+            failed.append(nb.name)
+        executed.append(target)
+        print(f"{nb.name}: {status} in {time.time() - start:.1f} s", flush=True)
+
+    if not args.prepare_only:
+        summaries = build_report(executed, build / "report", title="Notebooks on CPU (offline)")
+        for s in summaries:
+            print(f"  {s['name']}: {s['status']}, " + ", ".join(f"{k}={v}" for k, v in s["metrics"].items()))
+        print(f"report: {build / 'report' / 'report.html'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Helpers for training Hugging Face transformers with TensorFlow/Keras on TPUs.
+
+Import this package before TensorFlow: it sets ``TF_USE_LEGACY_KERAS=1`` so that
+``tf.keras`` is tf-keras, which the ``TF*`` model classes of transformers require.
+
+>>> import tpu_helpers
+>>> strategy = tpu_helpers.connect()            # doctest: +SKIP
+"""
+
+from tpu_helpers._env import prepare_environment as _prepare_environment
+
+_prepare_environment()
+
+from tpu_helpers.doctor import doctor  # noqa: E402
+from tpu_helpers.runtime import RuntimeFacts, detect_runtime, install, install_commands  # noqa: E402
+from tpu_helpers.strategy import connect, describe  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "RuntimeFacts",
+    "connect",
+    "describe",
+    "detect_runtime",
+    "doctor",
+    "install",
+    "install_commands",
+]

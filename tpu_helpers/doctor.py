@@ -1,0 +1,223 @@
+"""``python -m tpu_helpers doctor``: is this environment able to run the notebooks?
+
+Each check is a pure function of ``DoctorFacts`` so tests can feed it the facts of a good
+and a broken environment. ``gather_facts`` collects the real ones (it imports TensorFlow).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tpu_helpers.runtime import (
+    DATASETS_SPEC,
+    HUB_SPEC,
+    LIBTPU_INDEX,
+    TRANSFORMERS_PIN,
+    RuntimeFacts,
+    detect_runtime,
+    minor,
+)
+
+
+@dataclass(frozen=True)
+class DoctorFacts:
+    """Facts the checks read.
+
+    Attributes:
+        runtime: platform, accelerator and installed versions.
+        keras_module: the module ``tf.keras.Model`` comes from (``"tf_keras..."`` is right).
+        legacy_flag: the value of ``TF_USE_LEGACY_KERAS`` when TensorFlow was imported.
+        transformers_tf_error: why ``TFAutoModel`` could not be imported, ``None`` if it could.
+        transformers_sees_tf: ``transformers.utils.is_tf_available()``.
+        device_types: device types TensorFlow lists (``"CPU"``, ``"GPU"``, ``"TPU"``).
+    """
+
+    runtime: RuntimeFacts
+    keras_module: str | None = None
+    legacy_flag: str | None = None
+    transformers_tf_error: str | None = None
+    transformers_sees_tf: bool | None = None
+    device_types: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"{'PASS' if self.ok else 'FAIL'}  {self.name}: {self.detail}"
+        return text if self.ok else f"{text}\n      fix: {self.fix}"
+
+
+def check_tensorflow(f: DoctorFacts) -> Check:
+    build, version = f.runtime.tensorflow_build, f.runtime.tensorflow_version
+    if not build:
+        fix = (
+            f"pip install tensorflow-tpu -f {LIBTPU_INDEX}"
+            if f.runtime.accelerator == "tpu"
+            else "pip install -r requirements.txt"
+        )
+        return Check("tensorflow", False, "no TensorFlow distribution is installed", fix)
+    return Check("tensorflow", True, f"{build} {version}")
+
+
+def check_tf_keras(f: DoctorFacts) -> Check:
+    tf_minor = minor(f.runtime.tensorflow_version)
+    have = f.runtime.distributions.get("tf-keras")
+    if tf_minor is None:
+        return Check("tf-keras", False, "cannot check without TensorFlow", "install TensorFlow")
+    want = f"tf-keras~={tf_minor[0]}.{tf_minor[1]}.0"
+    if not have:
+        return Check("tf-keras", False, "not installed", f"pip install --no-deps '{want}'")
+    if minor(have) != tf_minor:
+        return Check(
+            "tf-keras",
+            False,
+            f"tf-keras {have} does not match TensorFlow {f.runtime.tensorflow_version}",
+            f"pip install --no-deps '{want}'  (--no-deps keeps your TensorFlow build)",
+        )
+    return Check("tf-keras", True, f"{have} matches TensorFlow {tf_minor[0]}.{tf_minor[1]}")
+
+
+def check_transformers(f: DoctorFacts) -> Check:
+    have = f.runtime.distributions.get("transformers")
+    if not have:
+        return Check("transformers", False, "not installed", f"pip install {TRANSFORMERS_PIN}")
+    if minor(have)[0] >= 5:
+        return Check(
+            "transformers",
+            False,
+            f"{have} has no TensorFlow classes (removed in v5)",
+            f"pip install {TRANSFORMERS_PIN}",
+        )
+    if f.transformers_tf_error:
+        return Check(
+            "transformers",
+            False,
+            f"{have}, but TFAutoModel does not import: {f.transformers_tf_error}",
+            "fix the TensorFlow / tf-keras checks above, then restart the runtime",
+        )
+    return Check("transformers", True, f"{have}, TF classes import")
+
+
+def check_datasets(f: DoctorFacts) -> Check:
+    ds, hub = f.runtime.distributions.get("datasets"), f.runtime.distributions.get(
+        "huggingface-hub"
+    )
+    fix = f"pip install '{DATASETS_SPEC}' '{HUB_SPEC}'"
+    if not ds or not hub:
+        return Check("datasets", False, f"datasets {ds}, huggingface-hub {hub}", fix)
+    if not ((4, 0) <= minor(ds) < (5, 1)) or minor(hub)[0] >= 1:
+        return Check(
+            "datasets",
+            False,
+            f"datasets {ds} with huggingface-hub {hub}: transformers 4.x needs hub < 1.0,"
+            " and datasets >= 5.1 needs hub >= 1.31",
+            fix,
+        )
+    return Check("datasets", True, f"datasets {ds}, huggingface-hub {hub}")
+
+
+def check_legacy_keras(f: DoctorFacts) -> Check:
+    fix = (
+        "import tpu_helpers (or set os.environ['TF_USE_LEGACY_KERAS'] = '1') before"
+        " TensorFlow, then restart the runtime"
+    )
+    if f.legacy_flag != "1":
+        return Check("legacy keras", False, f"TF_USE_LEGACY_KERAS={f.legacy_flag!r}", fix)
+    if f.keras_module and not f.keras_module.startswith("tf_keras"):
+        return Check(
+            "legacy keras",
+            False,
+            f"tf.keras is {f.keras_module} (Keras 3): TensorFlow was imported before the flag",
+            fix,
+        )
+    return Check("legacy keras", True, f"tf.keras is {f.keras_module or 'tf_keras'}")
+
+
+def check_tpu_visible(f: DoctorFacts) -> Check:
+    if f.runtime.accelerator != "tpu":
+        return Check("tpu devices", True, f"not a TPU runtime ({f.runtime.accelerator})")
+    if "TPU" in f.device_types:
+        return Check("tpu devices", True, "TPU devices visible")
+    return Check(
+        "tpu devices",
+        False,
+        f"a TPU runtime, but TensorFlow ({f.runtime.tensorflow_build}) lists only"
+        f" {sorted(set(f.device_types)) or 'no'} devices: a CPU-only build",
+        f"pip uninstall -y tensorflow tensorflow-cpu && pip install tensorflow-tpu"
+        f" -f {LIBTPU_INDEX}; then restart the runtime",
+    )
+
+
+def check_tensorflow_tpu_recognised(f: DoctorFacts) -> Check:
+    if not f.runtime.distributions.get("tensorflow-tpu"):
+        return Check("transformers sees TF", True, "tensorflow-tpu not installed")
+    if f.transformers_sees_tf:
+        return Check("transformers sees TF", True, "tensorflow-tpu recognised")
+    return Check(
+        "transformers sees TF",
+        False,
+        "tensorflow-tpu is installed but transformers says TensorFlow is missing",
+        "set os.environ['FORCE_TF_AVAILABLE'] = '1' (import tpu_helpers does) before"
+        " importing transformers, then restart the runtime",
+    )
+
+
+CHECKS: tuple[Callable[[DoctorFacts], Check], ...] = (
+    check_tensorflow,
+    check_tf_keras,
+    check_transformers,
+    check_datasets,
+    check_legacy_keras,
+    check_tpu_visible,
+    check_tensorflow_tpu_recognised,
+)
+
+
+def gather_facts() -> DoctorFacts:
+    """Collect the real facts. Imports TensorFlow and transformers if they are installed."""
+    runtime = detect_runtime()
+    keras_module = tf_error = None
+    sees_tf = None
+    device_types: set[str] = set()
+    flag = os.environ.get("TF_USE_LEGACY_KERAS")
+    try:
+        import tensorflow as tf
+
+        keras_module = tf.keras.Model.__module__
+        for device in tf.config.list_physical_devices() + tf.config.list_logical_devices():
+            device_types.add(device.device_type)
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        tf_error = f"TensorFlow does not import: {err}"
+    try:
+        from transformers.utils import is_tf_available
+
+        sees_tf = bool(is_tf_available())
+        if tf_error is None:
+            from transformers import TFAutoModel  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        tf_error = tf_error or f"{type(err).__name__}: {str(err).splitlines()[0]}"
+    return DoctorFacts(runtime, keras_module, flag, tf_error, sees_tf, tuple(sorted(device_types)))
+
+
+def doctor(facts: DoctorFacts | None = None, verbose: bool = True) -> list[Check]:
+    """Run every check, print one line each (with the fix on FAIL) and return them.
+
+    >>> checks = doctor(verbose=False)                 # doctest: +SKIP
+    >>> all(c.ok for c in checks)                      # doctest: +SKIP
+    True
+    """
+    facts = facts or gather_facts()
+    checks = [check(facts) for check in CHECKS]
+    if verbose:
+        for c in checks:
+            print(c.line())
+        bad = sum(not c.ok for c in checks)
+        print(f"doctor: {len(checks)} checks, {bad} failing")
+    return checks

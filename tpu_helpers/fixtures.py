@@ -1,0 +1,323 @@
+"""Small, real, offline stand-ins for the hub checkpoints and data sets the notebooks use.
+
+``python -m tpu_helpers fixtures DIR`` (or ``build_fixtures(DIR)``) writes, from a seed:
+
+* ``DIR/tiny-distilbert``: a DistilBERT-architecture checkpoint and a WordPiece tokenizer
+  trained here, loadable with ``AutoTokenizer`` / ``TFAutoModelForSequenceClassification``
+  exactly like ``distilbert-base-cased``;
+* ``DIR/cola``: a CoLA-like acceptability data set (columns ``sentence``, ``label``,
+  ``idx``; splits train/validation of CoLA's sizes) loadable with ``load_dataset(DIR/cola)``;
+* ``DIR/tiny-vit``: a ViT image-classification checkpoint with its image processor (10
+  labels, so loading it with ``num_labels=3`` exercises ``ignore_mismatched_sizes`` as the
+  real ``google/vit-base-patch16-224`` does);
+* ``DIR/beans``: three classes of 500x500 JPEG leaves in class folders plus a listing with
+  beans' columns ``image_file_path`` and ``labels``, loadable with ``load_dataset(DIR/beans)``.
+
+The build is idempotent: a stamp file records what was built; a second call returns at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import tpu_helpers._env  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+
+FIXTURES_VERSION = 1
+COLA_SPLITS = {"train": 8551, "validation": 1043}
+COLA_LABELS = ("unacceptable", "acceptable")
+BEANS_CLASSES = ("angular_leaf_spot", "bean_rust", "healthy")
+BEANS_SPLITS = {"train": 120, "validation": 45}
+BEANS_SIZE = 500
+
+# --- a tiny grammar -------------------------------------------------------------------
+_DETS = ("the", "a", "every", "some", "this", "that", "my", "her")
+_NOUNS = (
+    "dog", "cat", "student", "teacher", "farmer", "bird", "doctor", "girl", "boy",
+    "writer", "baker", "pilot", "horse", "child", "singer", "neighbour",
+)
+_NAMES = ("John", "Mary", "Sue", "Bill", "Kim", "Pat", "Chris", "Lee")
+_ADJS = ("small", "old", "happy", "quiet", "clever", "tall", "young", "red", "lazy", "busy")
+_OBJECTS = ("book", "letter", "apple", "song", "car", "house", "picture", "cake", "story")
+_PLACES = ("garden", "park", "kitchen", "station", "river", "market", "library", "school")
+_PREPS = ("in", "near", "behind", "beside", "under")
+_ADVS = ("quickly", "yesterday", "slowly", "again", "often", "today")
+# Past tenses and the over-regularised forms that make a sentence unacceptable.
+_VERBS = {
+    "went": "goed", "ate": "eated", "saw": "seed", "took": "taked", "wrote": "writed",
+    "ran": "runned", "gave": "gived", "found": "finded", "told": "telled", "knew": "knowed",
+    "bought": "buyed", "sang": "singed", "brought": "bringed", "caught": "catched",
+}
+_REGULAR = ("liked", "watched", "visited", "helped", "painted", "opened", "carried")
+_TRANSITIVE = ("ate", "saw", "took", "wrote", "found", "bought", "sang", "brought", "caught")
+
+
+def _noun_phrase(rng: random.Random) -> list[str]:
+    if rng.random() < 0.2:
+        return [rng.choice(_NAMES)]
+    words = [rng.choice(_DETS)]
+    words += rng.sample(_ADJS, k=rng.choice((0, 0, 0, 1, 1, 2)))
+    words.append(rng.choice(_NOUNS))
+    return words
+
+
+def _clause(rng: random.Random) -> tuple[list[str], list[int]]:
+    """Words of one clause and the positions of its verbs."""
+    words = _noun_phrase(rng)
+    verbs = []
+    if rng.random() < 0.6:
+        verbs.append(len(words))
+        words.append(rng.choice(_TRANSITIVE))
+        words += [rng.choice(_DETS[:4]), rng.choice(_OBJECTS)]
+    else:
+        verbs.append(len(words))
+        words.append(rng.choice(list(_VERBS) + list(_REGULAR)))
+        if words[-1] in _REGULAR:
+            words += [rng.choice(_DETS[:4]), rng.choice(_NOUNS)]
+    if rng.random() < 0.35:
+        words += [rng.choice(_PREPS), "the", rng.choice(_PLACES)]
+    if rng.random() < 0.25:
+        words.append(rng.choice(_ADVS))
+    return words, verbs
+
+
+def cola_like_sentence(rng: random.Random, acceptable: bool) -> str:
+    """One sentence; unacceptable ones carry exactly one error somewhere in them.
+
+    The errors are the kind CoLA marks: an over-regularised past tense ("goed"), a doubled
+    determiner ("the the"), or a determiner without its noun. Sentence length follows
+    CoLA's shape: mostly one short clause, a geometric tail of joined clauses.
+    """
+    words, verbs = _clause(rng)
+    while rng.random() < 0.3:
+        joiner = rng.choice(("and", "because", "but", "while", "after"))
+        more, more_verbs = _clause(rng)
+        verbs += [len(words) + 1 + v for v in more_verbs]
+        words = words + [joiner] + more
+    if not acceptable:
+        candidates = [v for v in verbs if words[v] in _VERBS]
+        kind = rng.random()
+        if candidates and kind < 0.6:
+            v = rng.choice(candidates)
+            words[v] = _VERBS[words[v]]
+        else:
+            dets = [i for i, w in enumerate(words) if w in _DETS]
+            if dets and kind < 0.85:
+                i = rng.choice(dets)
+                words.insert(i, words[i])
+            elif dets:
+                i = rng.choice(dets)
+                heads = _NOUNS + _OBJECTS + _PLACES
+                del words[next(j for j in range(i + 1, len(words)) if words[j] in heads)]
+            else:
+                words.insert(0, "the")
+                words.insert(0, "the")
+    sentence = " ".join(words)
+    return sentence[0].upper() + sentence[1:] + "."
+
+
+def make_cola_like(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, list[dict]]:
+    """Rows with CoLA's columns, about 70 % acceptable like CoLA, per split.
+
+    >>> rows = make_cola_like(sizes={"train": 3})
+    >>> sorted(rows["train"][0])
+    ['idx', 'label', 'sentence']
+    """
+    rng = random.Random(seed)
+    out = {}
+    for split, n in (sizes or COLA_SPLITS).items():
+        rows = []
+        for idx in range(n):
+            label = int(rng.random() < 0.7)
+            rows.append({"sentence": cola_like_sentence(rng, bool(label)), "label": label, "idx": idx})
+        out[split] = rows
+    return out
+
+
+def _card(splits, features_yaml: str, title: str) -> str:
+    files = "".join(f"  - split: {s}\n    path: {s}.jsonl\n" for s in splits)
+    return (
+        f"---\nconfigs:\n- config_name: default\n  data_files:\n{files}"
+        f"dataset_info:\n  features:\n{features_yaml}---\n# {title}\n\n"
+        "Built offline by `python -m tpu_helpers fixtures`; load with `datasets.load_dataset(<this"
+        " folder>)`.\n"
+    )
+
+
+def _class_label_yaml(name: str, names) -> str:
+    lines = "".join(f"          '{i}': {n}\n" for i, n in enumerate(names))
+    return f"  - name: {name}\n    dtype:\n      class_label:\n        names:\n{lines}"
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def write_cola(out: Path, seed: int) -> None:
+    rows = make_cola_like(seed)
+    out.mkdir(parents=True)
+    for split, split_rows in rows.items():
+        _write_jsonl(out / f"{split}.jsonl", split_rows)
+    features = (
+        "  - name: sentence\n    dtype: string\n"
+        + _class_label_yaml("label", COLA_LABELS)
+        + "  - name: idx\n    dtype: int32\n"
+    )
+    (out / "README.md").write_text(_card(rows, features, "CoLA-like acceptability (synthetic)"))
+
+
+def write_tiny_distilbert(out: Path, corpus: list[str], seed: int) -> None:
+    """Train a cased WordPiece tokenizer on ``corpus`` and save an untrained DistilBERT."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers.trainers import WordPieceTrainer
+    from transformers import DistilBertConfig, DistilBertTokenizerFast, TFDistilBertModel
+
+    import tensorflow as tf
+
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=False)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(corpus, WordPieceTrainer(vocab_size=1000, special_tokens=special))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    tokenizer = DistilBertTokenizerFast(tokenizer_object=tok, model_max_length=512, do_lower_case=False)
+
+    tf.keras.utils.set_random_seed(seed)
+    config = DistilBertConfig(
+        vocab_size=tok.get_vocab_size(),
+        dim=64,
+        n_layers=2,
+        n_heads=2,
+        hidden_dim=128,
+        max_position_embeddings=512,
+        pad_token_id=tok.token_to_id("[PAD]"),
+    )
+    model = TFDistilBertModel(config)
+    model(model.dummy_inputs)
+    out.mkdir(parents=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def write_tiny_vit(out: Path, seed: int) -> None:
+    """An untrained 32x32 ViT with 10 labels and its image processor."""
+    from transformers import TFViTForImageClassification, ViTConfig, ViTImageProcessor
+
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(seed)
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=10,
+    )
+    model = TFViTForImageClassification(config)
+    model(model.dummy_inputs)
+    out.mkdir(parents=True)
+    model.save_pretrained(out)
+    processor = ViTImageProcessor(
+        size={"height": 32, "width": 32}, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5]
+    )
+    processor.save_pretrained(out)
+
+
+def leaf_image(rng, label: int, size: int = BEANS_SIZE):
+    """A synthetic bean leaf: green with veins; class 0 brown angular patches, class 1
+    many small rust-coloured dots, class 2 (healthy) neither. Returns an RGB uint8 array."""
+    import numpy as np
+
+    y, x = np.mgrid[0:size, 0:size] / size
+    cx, cy = 0.5 + rng.normal(0, 0.05), 0.5 + rng.normal(0, 0.05)
+    leaf = ((x - cx) / 0.45) ** 2 + ((y - cy) / 0.32) ** 2 < 1
+    img = np.empty((size, size, 3), np.float32)
+    img[:] = (200, 190, 160)  # background
+    green = np.array((60, 130 + rng.integers(-20, 20), 50), np.float32)
+    img[leaf] = green + rng.normal(0, 12, (int(leaf.sum()), 3))
+    veins = leaf & (np.abs(np.sin((x - cx) * 30 + (y - cy) * 6)) < 0.06)
+    img[veins] = (90, 170, 80)
+    if label == 0:
+        for _ in range(rng.integers(6, 12)):
+            px, py = rng.uniform(0.2, 0.8), rng.uniform(0.3, 0.7)
+            w, h = rng.uniform(0.03, 0.07, 2)
+            patch = leaf & (np.abs(x - px) < w) & (np.abs(y - py) < h)
+            img[patch] = (110, 80, 40)
+    elif label == 1:
+        for _ in range(rng.integers(60, 120)):
+            px, py = rng.uniform(0.1, 0.9), rng.uniform(0.2, 0.8)
+            dot = leaf & ((x - px) ** 2 + (y - py) ** 2 < rng.uniform(0.0002, 0.0006))
+            img[dot] = (190, 100, 30)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def write_beans(out: Path, seed: int, splits: dict[str, int] | None = None) -> None:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    listing = {}
+    for split, n in (splits or BEANS_SPLITS).items():
+        rows = []
+        for i in range(n):
+            label = i % len(BEANS_CLASSES)
+            folder = out / "images" / split / BEANS_CLASSES[label]
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{BEANS_CLASSES[label]}_{split}.{i}.jpg"
+            Image.fromarray(leaf_image(rng, label)).save(path, quality=90)
+            rows.append({"image_file_path": str(path.resolve()), "labels": label})
+        listing[split] = rows
+    for split, rows in listing.items():
+        _write_jsonl(out / f"{split}.jsonl", rows)
+    features = "  - name: image_file_path\n    dtype: string\n" + _class_label_yaml(
+        "labels", BEANS_CLASSES
+    )
+    (out / "README.md").write_text(_card(listing, features, "Beans-like leaves (synthetic)"))
+
+
+def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = True) -> dict:
+    """Write every fixture under ``directory`` (skipped when already built with ``seed``).
+
+    Returns a mapping from fixture name to its absolute path, the values the CPU parameter
+    files pass to the notebooks (``model_checkpoint``, ``dataset_name`` ...).
+    """
+    root = Path(directory).resolve()
+    paths = {name: str(root / name) for name in ("tiny-distilbert", "cola", "tiny-vit", "beans")}
+    stamp = root / "fixtures.json"
+    wanted = {"version": FIXTURES_VERSION, "seed": seed, "paths": paths}
+    if stamp.exists() and json.loads(stamp.read_text()) == wanted:
+        if verbose:
+            print(f"fixtures: up to date in {root}")
+        return paths
+    root.mkdir(parents=True, exist_ok=True)
+    staging = root / ".staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    write_cola(staging / "cola", seed)
+    corpus = [r["sentence"] for rows in make_cola_like(seed).values() for r in rows]
+    write_tiny_distilbert(staging / "tiny-distilbert", corpus, seed)
+    write_tiny_vit(staging / "tiny-vit", seed)
+    for name in paths:
+        shutil.rmtree(root / name, ignore_errors=True)
+    # Beans paths are absolute, so write them in place after staging the rest.
+    write_beans(root / "beans", seed)
+    for name in ("cola", "tiny-distilbert", "tiny-vit"):
+        (staging / name).rename(root / name)
+    staging.rmdir()
+    stamp.write_text(json.dumps(wanted, indent=1))
+    if verbose:
+        print(f"fixtures: built in {root}")
+    return paths

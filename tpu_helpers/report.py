@@ -1,0 +1,115 @@
+"""Key figures out of executed notebooks, and one HTML page that shows them.
+
+A notebook calls ``publish_metrics(accuracy=0.91, ...)``: the figures appear in the
+notebook as a small table and are stored in the cell output under ``METRICS_MIME``.
+``build_report`` reads executed notebooks and writes one page per run: each notebook's
+status, duration, metrics and plots.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+METRICS_MIME = "application/vnd.tpu-helpers.metrics+json"
+
+
+def publish_metrics(**metrics: float | int | str) -> None:
+    """Show ``metrics`` in the notebook and tag them for the run report.
+
+    >>> publish_metrics(val_accuracy=0.9)   # outside IPython it only prints
+    val_accuracy: 0.9
+    """
+    clean = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()}
+    text = "\n".join(f"{k}: {v}" for k, v in clean.items())
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+
+        if get_ipython() is not None:
+            display({METRICS_MIME: clean, "text/plain": text}, raw=True)
+            return
+    except ImportError:
+        pass
+    print(text)
+
+
+def summarize_notebook(path: str | os.PathLike) -> dict:
+    """Status, duration, error, metrics and PNG plots of one executed notebook."""
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    pm = nb.metadata.get("papermill", {})
+    summary = {
+        "name": Path(path).name,
+        "path": str(path),
+        "status": "ok",
+        "duration_s": pm.get("duration"),
+        "error": None,
+        "metrics": {},
+        "plots": [],
+    }
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                summary["status"] = "failed"
+                summary["error"] = f"{output.get('ename')}: {output.get('evalue')}"
+            data = output.get("data", {})
+            if METRICS_MIME in data:
+                summary["metrics"].update(data[METRICS_MIME])
+            if "image/png" in data:
+                summary["plots"].append(data["image/png"])
+    if pm.get("exception") and summary["status"] == "ok":
+        summary["status"] = "failed"
+    return summary
+
+
+def _page(summaries: Sequence[dict], title: str) -> str:
+    rows, sections = [], []
+    for s in summaries:
+        dur = f"{s['duration_s']:.1f} s" if s["duration_s"] is not None else "-"
+        metrics = ", ".join(f"{k}={v}" for k, v in s["metrics"].items()) or "-"
+        rows.append(
+            f"<tr class={s['status']}><td><a href='#{html.escape(s['name'])}'>"
+            f"{html.escape(s['name'])}</a></td><td>{s['status']}</td><td>{dur}</td>"
+            f"<td>{html.escape(metrics)}</td></tr>"
+        )
+        plots = "".join(
+            f"<img src='data:image/png;base64,{p.strip()}' alt='plot'>" for p in s["plots"]
+        )
+        err = f"<pre>{html.escape(s['error'])}</pre>" if s["error"] else ""
+        sections.append(
+            f"<h2 id='{html.escape(s['name'])}'>{html.escape(s['name'])}</h2>"
+            f"<p>executed notebook: <code>{html.escape(s['path'])}</code></p>{err}{plots}"
+        )
+    style = (
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
+        "td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left}"
+        "tr.failed td{background:#fdd}img{max-width:520px;margin:4px}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+        f"<style>{style}</style></head><body><h1>{title}</h1><table>"
+        "<tr><th>notebook</th><th>status</th><th>duration</th><th>key metrics</th></tr>"
+        + "".join(rows)
+        + "</table>"
+        + "".join(sections)
+        + "</body></html>"
+    )
+
+
+def build_report(
+    notebooks: Sequence[str | os.PathLike], out_dir: str | os.PathLike, title: str = "Notebook run"
+) -> list[dict]:
+    """Write ``out_dir/report.html`` and ``out_dir/report.json``; return the summaries."""
+    summaries = [summarize_notebook(p) for p in notebooks]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.html").write_text(_page(summaries, title), encoding="utf-8")
+    slim = [{k: v for k, v in s.items() if k != "plots"} | {"plots": len(s["plots"])} for s in summaries]
+    (out / "report.json").write_text(json.dumps(slim, indent=1), encoding="utf-8")
+    return summaries
+

@@ -1,0 +1,192 @@
+"""Pick and build the right ``tf.distribute`` strategy for this machine.
+
+``connect()`` is the one call notebooks make:
+
+* a TPU (TPU VM, named TPU or pod slice, or the legacy Colab address) -> ``TPUStrategy``;
+* several GPUs -> ``MirroredStrategy``; one GPU -> ``OneDeviceStrategy``;
+* a CPU -> the default strategy, or with ``simulated_replicas=N`` a ``MirroredStrategy``
+  over N logical CPU devices, so the multi-replica code path of an 8-core TPU runs on a
+  laptop and in CI.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from tpu_helpers._env import distribution_version
+from tpu_helpers.runtime import RuntimeFacts, detect_runtime
+
+# The TPU system may be initialised once per process; TensorFlow forces this global on us.
+_TPU_STRATEGIES: dict[str, object] = {}
+
+
+class TPUConnectionError(RuntimeError):
+    """No TPU could be resolved from any of the names that were tried."""
+
+
+def tpu_candidates(
+    tpu: str | None, facts: RuntimeFacts, environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """The TPU names to try, in order: the argument, ``TPU_NAME``, the legacy address, local.
+
+    >>> tpu_candidates(None, RuntimeFacts(platform="tpu-vm", accelerator="tpu"), {})
+    ['local']
+    >>> tpu_candidates("my-pod", RuntimeFacts(), {"COLAB_TPU_ADDR": "10.0.0.2:8470"})
+    ['my-pod', 'grpc://10.0.0.2:8470']
+    """
+    env = os.environ if environ is None else environ
+    names = []
+    if tpu:
+        names.append(tpu)
+    if env.get("TPU_NAME"):
+        names.append(env["TPU_NAME"])
+    if env.get("COLAB_TPU_ADDR"):
+        names.append("grpc://" + env["COLAB_TPU_ADDR"])
+    if facts.accelerator == "tpu" and not names:
+        names.append("local")
+    return list(dict.fromkeys(names))
+
+
+def _connect_tpu(names: list[str]):
+    import tensorflow as tf
+
+    for name in names:
+        if name in _TPU_STRATEGIES:
+            return _TPU_STRATEGIES[name]
+    errors = []
+    for name in names:
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=name)
+            if name != "local":
+                tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+        except (ValueError, tf.errors.OpError, RuntimeError) as err:
+            errors.append(f"  {name!r}: {type(err).__name__}: {str(err).splitlines()[0]}")
+            continue
+        strategy = tf.distribute.TPUStrategy(resolver)
+        _TPU_STRATEGIES[name] = strategy
+        return strategy
+    raise TPUConnectionError(
+        "Could not connect to a TPU. Tried:\n"
+        + "\n".join(errors)
+        + "\nFix: on a TPU VM pass tpu='local'; for a named TPU or pod slice pass its name"
+        " (or set TPU_NAME) and run in the same zone and project; on Colab/Kaggle pick"
+        " Runtime -> Change runtime type -> TPU. If TensorFlow is a CPU-only build, run"
+        " `python -m tpu_helpers doctor`."
+    )
+
+
+def _simulated_cpu_strategy(replicas: int):
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    configured = tf.config.get_logical_device_configuration(cpus[0])
+    if configured is None or len(configured) != replicas:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpus[0], [tf.config.LogicalDeviceConfiguration()] * replicas
+            )
+        except RuntimeError as err:
+            have = len(tf.config.list_logical_devices("CPU"))
+            raise RuntimeError(
+                f"Cannot split the CPU into simulated_replicas={replicas} devices: TensorFlow"
+                f" has already initialised its devices ({have} logical CPU device(s)). Fix:"
+                " restart the runtime (Runtime -> Restart session, or a new Python process)"
+                " and call tpu_helpers.connect(simulated_replicas=...) before any other"
+                " TensorFlow operation."
+            ) from err
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:replicas]
+    return tf.distribute.MirroredStrategy(devices)
+
+
+def connect(
+    tpu: str | None = None,
+    simulated_replicas: int = 0,
+    facts: RuntimeFacts | None = None,
+    verbose: bool = True,
+):
+    """Return the best ``tf.distribute.Strategy`` here and print a one-line summary.
+
+    Args:
+        tpu: a TPU name, pod-slice name, ``"local"`` or ``"grpc://host:port"``. ``None``
+            detects one (TPU VM, ``TPU_NAME``, ``COLAB_TPU_ADDR``).
+        simulated_replicas: on a CPU only: split it into this many logical devices and
+            mirror over them (2 or 8 mimic a TPU's replicas). 0 or 1 means the default
+            strategy. Must be called before TensorFlow runs any operation.
+        facts: runtime facts (``detect_runtime()`` when omitted).
+        verbose: print the summary line.
+
+    Calling it twice is safe: the TPU system is initialised once per process.
+
+    >>> strategy = connect(simulated_replicas=2)        # doctest: +SKIP
+    CPU (2 simulated replicas) | replicas 2 | TF 2.21.0 | tf-keras 2.21.0 | ...
+    """
+    if not isinstance(simulated_replicas, int) or simulated_replicas < 0:
+        raise ValueError(
+            f"simulated_replicas={simulated_replicas!r} is not a replica count. Fix: pass an"
+            " integer >= 1 (8 mimics a v2-8/v3-8 TPU), or 0 for the default strategy."
+        )
+    facts = facts or detect_runtime()
+    import tensorflow as tf
+
+    names = tpu_candidates(tpu, facts)
+    if names:
+        strategy = _connect_tpu(names)
+        kind = f"TPU {facts.tpu_type or ''}".strip()
+    else:
+        gpus = tf.config.list_physical_devices("GPU")
+        if len(gpus) > 1:
+            strategy, kind = tf.distribute.MirroredStrategy(), f"{len(gpus)} GPUs"
+        elif gpus:
+            strategy, kind = tf.distribute.OneDeviceStrategy("/gpu:0"), "1 GPU"
+        elif simulated_replicas > 1:
+            strategy = _simulated_cpu_strategy(simulated_replicas)
+            kind = f"CPU ({simulated_replicas} simulated replicas)"
+        else:
+            strategy, kind = tf.distribute.get_strategy(), "CPU"
+    if verbose:
+        print(describe(strategy, kind, facts))
+    return strategy
+
+
+def describe(strategy, kind: str = "", facts: RuntimeFacts | None = None) -> str:
+    """One line: hardware, replicas, platform and the versions that matter."""
+    facts = facts or detect_runtime()
+    tf_build = facts.tensorflow_build or "tensorflow"
+    parts = [
+        kind or type(strategy).__name__,
+        f"replicas {strategy.num_replicas_in_sync}",
+        f"{facts.platform}",
+        f"TF {distribution_version(tf_build)} ({tf_build})",
+        f"tf-keras {distribution_version('tf-keras')}",
+        f"transformers {distribution_version('transformers')}",
+    ]
+    return " | ".join(parts)
+
+
+def replica_sum(strategy) -> float:
+    """Prove every replica computes: replica ``i`` returns ``i + 1``, the results are summed.
+
+    Runs ``strategy.run`` inside a ``tf.function`` (a TPU refuses it in eager mode) and
+    reduces with ``strategy.reduce``. With N replicas the answer is ``N * (N + 1) / 2``.
+
+    >>> import tensorflow as tf
+    >>> replica_sum(tf.distribute.get_strategy())
+    1.0
+    """
+    import tensorflow as tf
+
+    @tf.function
+    def step():
+        def per_replica():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            value = tf.cast(replica + 1, tf.float32)
+            # A small matrix product, so the replica does real work on its device.
+            ones = tf.ones([8, 8]) * value
+            return tf.reduce_mean(tf.linalg.matmul(ones, tf.eye(8)))
+
+        per_replica_values = strategy.run(per_replica)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_values, axis=None)
+
+    return float(step())
