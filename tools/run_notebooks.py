@@ -79,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.prepare_only:
         summaries = build_report(executed, build / "report", title="Notebooks on CPU (offline)")
         for s in summaries:
-            print(f"  {s['name']}: {s['status']}, " + ", ".join(f"{k}={v}" for k, v in s["metrics"].items()))
+            print(
+                f"  {s['name']}: {s['status']}, "
+                + ", ".join(f"{k}={v}" for k, v in s["metrics"].items())
+            )
         print(f"report: {build / 'report' / 'report.html'}")
     return 1 if failed else 0
 

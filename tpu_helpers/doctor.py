@@ -106,8 +106,9 @@ def check_transformers(f: DoctorFacts) -> Check:
 
 
 def check_datasets(f: DoctorFacts) -> Check:
-    ds, hub = f.runtime.distributions.get("datasets"), f.runtime.distributions.get(
-        "huggingface-hub"
+    ds, hub = (
+        f.runtime.distributions.get("datasets"),
+        f.runtime.distributions.get("huggingface-hub"),
     )
     fix = f"pip install '{DATASETS_SPEC}' '{HUB_SPEC}'"
     if not ds or not hub:

@@ -18,6 +18,7 @@ The build is idempotent: a stamp file records what was built; a second call retu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import tpu_helpers._env  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 
-FIXTURES_VERSION = 1
+FIXTURES_VERSION = 3
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 BEANS_CLASSES = ("angular_leaf_spot", "bean_rust", "healthy")
@@ -36,8 +37,22 @@ BEANS_SIZE = 500
 # --- a tiny grammar -------------------------------------------------------------------
 _DETS = ("the", "a", "every", "some", "this", "that", "my", "her")
 _NOUNS = (
-    "dog", "cat", "student", "teacher", "farmer", "bird", "doctor", "girl", "boy",
-    "writer", "baker", "pilot", "horse", "child", "singer", "neighbour",
+    "dog",
+    "cat",
+    "student",
+    "teacher",
+    "farmer",
+    "bird",
+    "doctor",
+    "girl",
+    "boy",
+    "writer",
+    "baker",
+    "pilot",
+    "horse",
+    "child",
+    "singer",
+    "neighbour",
 )
 _NAMES = ("John", "Mary", "Sue", "Bill", "Kim", "Pat", "Chris", "Lee")
 _ADJS = ("small", "old", "happy", "quiet", "clever", "tall", "young", "red", "lazy", "busy")
@@ -47,9 +62,20 @@ _PREPS = ("in", "near", "behind", "beside", "under")
 _ADVS = ("quickly", "yesterday", "slowly", "again", "often", "today")
 # Past tenses and the over-regularised forms that make a sentence unacceptable.
 _VERBS = {
-    "went": "goed", "ate": "eated", "saw": "seed", "took": "taked", "wrote": "writed",
-    "ran": "runned", "gave": "gived", "found": "finded", "told": "telled", "knew": "knowed",
-    "bought": "buyed", "sang": "singed", "brought": "bringed", "caught": "catched",
+    "went": "goed",
+    "ate": "eated",
+    "saw": "seed",
+    "took": "taked",
+    "wrote": "writed",
+    "ran": "runned",
+    "gave": "gived",
+    "found": "finded",
+    "told": "telled",
+    "knew": "knowed",
+    "bought": "buyed",
+    "sang": "singed",
+    "brought": "bringed",
+    "caught": "catched",
 }
 _REGULAR = ("liked", "watched", "visited", "helped", "painted", "opened", "carried")
 _TRANSITIVE = ("ate", "saw", "took", "wrote", "found", "bought", "sang", "brought", "caught")
@@ -132,15 +158,17 @@ def make_cola_like(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[s
         rows = []
         for idx in range(n):
             label = int(rng.random() < 0.7)
-            rows.append({"sentence": cola_like_sentence(rng, bool(label)), "label": label, "idx": idx})
+            rows.append(
+                {"sentence": cola_like_sentence(rng, bool(label)), "label": label, "idx": idx}
+            )
         out[split] = rows
     return out
 
 
-def _card(splits, features_yaml: str, title: str) -> str:
-    files = "".join(f"  - split: {s}\n    path: {s}.jsonl\n" for s in splits)
+def _card(files: dict[str, str], features_yaml: str, title: str) -> str:
+    entries = "".join(f"  - split: {s}\n    path: {p}\n" for s, p in files.items())
     return (
-        f"---\nconfigs:\n- config_name: default\n  data_files:\n{files}"
+        f"---\nconfigs:\n- config_name: default\n  data_files:\n{entries}"
         f"dataset_info:\n  features:\n{features_yaml}---\n# {title}\n\n"
         "Built offline by `python -m tpu_helpers fixtures`; load with `datasets.load_dataset(<this"
         " folder>)`.\n"
@@ -152,32 +180,39 @@ def _class_label_yaml(name: str, names) -> str:
     return f"  - name: {name}\n    dtype:\n      class_label:\n        names:\n{lines}"
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+def _write_splits(out: Path, rows: dict[str, list[dict]]) -> dict[str, str]:
+    """Write ``data/<split>-<content hash>.jsonl`` per split; return split -> relative path.
+
+    The hash in the name matters: ``datasets`` caches a local folder under its name and
+    file patterns, so a rebuilt folder with the same file names could load stale rows.
+    """
+    files = {}
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    for split, split_rows in rows.items():
+        text = "".join(json.dumps(row) + "\n" for row in split_rows)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+        files[split] = f"data/{split}-{digest}.jsonl"
+        (out / files[split]).write_text(text, encoding="utf-8")
+    return files
 
 
 def write_cola(out: Path, seed: int) -> None:
     rows = make_cola_like(seed)
-    out.mkdir(parents=True)
-    for split, split_rows in rows.items():
-        _write_jsonl(out / f"{split}.jsonl", split_rows)
+    files = _write_splits(out, rows)
     features = (
         "  - name: sentence\n    dtype: string\n"
         + _class_label_yaml("label", COLA_LABELS)
         + "  - name: idx\n    dtype: int32\n"
     )
-    (out / "README.md").write_text(_card(rows, features, "CoLA-like acceptability (synthetic)"))
+    (out / "README.md").write_text(_card(files, features, "CoLA-like acceptability (synthetic)"))
 
 
 def write_tiny_distilbert(out: Path, corpus: list[str], seed: int) -> None:
     """Train a cased WordPiece tokenizer on ``corpus`` and save an untrained DistilBERT."""
+    import tensorflow as tf
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers.trainers import WordPieceTrainer
     from transformers import DistilBertConfig, DistilBertTokenizerFast, TFDistilBertModel
-
-    import tensorflow as tf
 
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -185,13 +220,20 @@ def write_tiny_distilbert(out: Path, corpus: list[str], seed: int) -> None:
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     tok.train_from_iterator(corpus, WordPieceTrainer(vocab_size=1000, special_tokens=special))
+    # The trainer numbers tokens of equal frequency in hash order, which changes from run to
+    # run; renumber (specials first, then sorted) so a seed always gives the same ids.
+    learned = sorted(set(tok.get_vocab()) - set(special))
+    vocab = {token: i for i, token in enumerate(special + learned)}
+    tok.model = models.WordPiece(vocab=vocab, unk_token="[UNK]")
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
     )
-    tokenizer = DistilBertTokenizerFast(tokenizer_object=tok, model_max_length=512, do_lower_case=False)
+    tokenizer = DistilBertTokenizerFast(
+        tokenizer_object=tok, model_max_length=512, do_lower_case=False
+    )
 
     tf.keras.utils.set_random_seed(seed)
     config = DistilBertConfig(
@@ -212,9 +254,8 @@ def write_tiny_distilbert(out: Path, corpus: list[str], seed: int) -> None:
 
 def write_tiny_vit(out: Path, seed: int) -> None:
     """An untrained 32x32 ViT with 10 labels and its image processor."""
-    from transformers import TFViTForImageClassification, ViTConfig, ViTImageProcessor
-
     import tensorflow as tf
+    from transformers import TFViTForImageClassification, ViTConfig, ViTImageProcessor
 
     tf.keras.utils.set_random_seed(seed)
     config = ViTConfig(
@@ -280,12 +321,11 @@ def write_beans(out: Path, seed: int, splits: dict[str, int] | None = None) -> N
             Image.fromarray(leaf_image(rng, label)).save(path, quality=90)
             rows.append({"image_file_path": str(path.resolve()), "labels": label})
         listing[split] = rows
-    for split, rows in listing.items():
-        _write_jsonl(out / f"{split}.jsonl", rows)
+    files = _write_splits(out, listing)
     features = "  - name: image_file_path\n    dtype: string\n" + _class_label_yaml(
         "labels", BEANS_CLASSES
     )
-    (out / "README.md").write_text(_card(listing, features, "Beans-like leaves (synthetic)"))
+    (out / "README.md").write_text(_card(files, features, "Beans-like leaves (synthetic)"))
 
 
 def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = True) -> dict:

@@ -109,7 +109,8 @@ def build_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.html").write_text(_page(summaries, title), encoding="utf-8")
-    slim = [{k: v for k, v in s.items() if k != "plots"} | {"plots": len(s["plots"])} for s in summaries]
+    slim = [
+        {k: v for k, v in s.items() if k != "plots"} | {"plots": len(s["plots"])} for s in summaries
+    ]
     (out / "report.json").write_text(json.dumps(slim, indent=1), encoding="utf-8")
     return summaries
-

@@ -48,6 +48,21 @@ def tpu_candidates(
     return list(dict.fromkeys(names))
 
 
+def _unreachable(address: str, timeout: float = 5.0) -> str | None:
+    """Why ``grpc://host:port`` cannot be reached, or ``None`` if a TCP connection opens.
+
+    TensorFlow waits forever on an address nobody answers; this check fails in seconds.
+    """
+    import socket
+
+    host, _, port = address.removeprefix("grpc://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return None
+    except (OSError, ValueError) as err:
+        return f"unreachable within {timeout:.0f} s ({type(err).__name__}: {err})"
+
+
 def _connect_tpu(names: list[str]):
     import tensorflow as tf
 
@@ -56,12 +71,17 @@ def _connect_tpu(names: list[str]):
             return _TPU_STRATEGIES[name]
     errors = []
     for name in names:
+        if name.startswith("grpc://"):
+            unreachable = _unreachable(name)
+            if unreachable:
+                errors.append(f"  {name!r}: {unreachable}")
+                continue
         try:
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=name)
             if name != "local":
                 tf.config.experimental_connect_to_cluster(resolver)
             tf.tpu.experimental.initialize_tpu_system(resolver)
-        except (ValueError, tf.errors.OpError, RuntimeError) as err:
+        except Exception as err:  # noqa: BLE001 - every failure is reported below
             errors.append(f"  {name!r}: {type(err).__name__}: {str(err).splitlines()[0]}")
             continue
         strategy = tf.distribute.TPUStrategy(resolver)

@@ -1,0 +1,35 @@
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import tpu_helpers  # noqa: F401  (sets TF_USE_LEGACY_KERAS before any test imports TF)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    """The offline fixtures, built once into build/fixtures (shared with the notebook run)."""
+    from tpu_helpers.fixtures import build_fixtures
+
+    build_fixtures(ROOT / "build" / "fixtures", verbose=False)
+    return ROOT / "build" / "fixtures"
+
+
+def run_python(
+    code: str, timeout: int = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter: device set-up is once per process in TensorFlow."""
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=full_env,
+    )

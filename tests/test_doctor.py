@@ -1,0 +1,111 @@
+import dataclasses
+import sys
+
+import pytest
+
+import tpu_helpers.doctor  # noqa: F401  (the module; the package exports the function)
+from tpu_helpers.runtime import RuntimeFacts
+
+d = sys.modules["tpu_helpers.doctor"]
+
+GOOD_VERSIONS = {
+    "tensorflow": "2.21.0",
+    "tf-keras": "2.21.0",
+    "transformers": "4.57.6",
+    "datasets": "5.0.1",
+    "huggingface-hub": "0.36.2",
+}
+
+
+def facts(accelerator="cpu", versions=None, **changes):
+    runtime = RuntimeFacts(
+        platform="local",
+        accelerator=accelerator,
+        distributions=GOOD_VERSIONS if versions is None else versions,
+    )
+    base = d.DoctorFacts(
+        runtime=runtime,
+        keras_module="tf_keras.src.engine.training",
+        legacy_flag="1",
+        transformers_tf_error=None,
+        transformers_sees_tf=True,
+        device_types=("CPU",),
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_good_environment_passes_every_check(capsys):
+    checks = d.doctor(facts())
+    assert len(checks) == len(d.CHECKS) and all(c.ok for c in checks)
+    out = capsys.readouterr().out
+    assert out.count("PASS") == len(d.CHECKS) and "FAIL" not in out
+
+
+def test_tpu_vm_with_tpu_build_passes():
+    versions = dict(GOOD_VERSIONS, **{"tensorflow-tpu": "2.20.0", "tf-keras": "2.20.1"})
+    del versions["tensorflow"]
+    checks = d.doctor(
+        facts("tpu", versions, device_types=("CPU", "TPU", "TPU_SYSTEM")), verbose=False
+    )
+    assert all(c.ok for c in checks)
+
+
+@pytest.mark.parametrize(
+    "name, broken, fix_part",
+    [
+        ("tensorflow", facts(versions={"tf-keras": "2.21.0"}), "requirements.txt"),
+        ("tensorflow", facts("tpu", versions={}), "tensorflow-tpu"),
+        (
+            "tf-keras",
+            facts(versions=dict(GOOD_VERSIONS, **{"tf-keras": "2.20.0"})),
+            "tf-keras~=2.21.0",
+        ),
+        (
+            "tf-keras",
+            facts(versions={k: v for k, v in GOOD_VERSIONS.items() if k != "tf-keras"}),
+            "--no-deps",
+        ),
+        (
+            "transformers",
+            facts(versions=dict(GOOD_VERSIONS, transformers="5.0.0")),
+            "transformers==4.57.6",
+        ),
+        ("transformers", facts(transformers_tf_error="ImportError: no TF"), "restart"),
+        (
+            "datasets",
+            facts(versions=dict(GOOD_VERSIONS, datasets="5.2.0", **{"huggingface-hub": "1.31.0"})),
+            "datasets>=4,<5.1",
+        ),
+        (
+            "datasets",
+            facts(versions=dict(GOOD_VERSIONS, **{"huggingface-hub": "1.0.1"})),
+            "huggingface-hub<1.0",
+        ),
+        ("legacy keras", facts(legacy_flag=None), "TF_USE_LEGACY_KERAS"),
+        ("legacy keras", facts(keras_module="keras.src.models.model"), "restart"),
+        ("tpu devices", facts("tpu", device_types=("CPU",)), "tensorflow-tpu"),
+        (
+            "transformers sees TF",
+            facts(
+                versions=dict(GOOD_VERSIONS, **{"tensorflow-tpu": "2.20.0"}),
+                transformers_sees_tf=False,
+            ),
+            "FORCE_TF_AVAILABLE",
+        ),
+    ],
+)
+def test_each_broken_environment_fails_its_check_with_a_fix(name, broken, fix_part):
+    checks = by_name(d.doctor(broken, verbose=False))
+    assert not checks[name].ok
+    assert fix_part in checks[name].fix
+    assert "fix:" in checks[name].line() and checks[name].line().startswith("FAIL")
+
+
+def test_real_environment_passes():
+    # The pinned CPU stack this suite runs on must satisfy its own doctor.
+    checks = d.doctor(verbose=False)
+    assert [c.name for c in checks if not c.ok] == []

@@ -1,0 +1,137 @@
+import json
+import random
+import statistics
+
+import numpy as np
+import pytest
+from conftest import run_python
+
+from tpu_helpers.fixtures import (
+    BEANS_CLASSES,
+    COLA_SPLITS,
+    build_fixtures,
+    cola_like_sentence,
+    leaf_image,
+    make_cola_like,
+)
+
+
+def test_cola_like_is_deterministic_per_seed():
+    sizes = {"train": 50}
+    assert make_cola_like(3, sizes) == make_cola_like(3, sizes)
+    assert make_cola_like(3, sizes) != make_cola_like(4, sizes)
+
+
+def test_cola_like_shape_like_cola():
+    rows = make_cola_like(0)
+    assert {k: len(v) for k, v in rows.items()} == COLA_SPLITS
+    train = rows["train"]
+    assert [r["idx"] for r in train] == list(range(len(train)))
+    share = sum(r["label"] for r in train) / len(train)
+    assert 0.65 < share < 0.75  # CoLA is about 70 % acceptable
+    words = [len(r["sentence"].split()) for r in train]
+    assert 7 < statistics.mean(words) < 12  # mostly short ...
+    assert max(words) > 35  # ... with a long tail
+    assert statistics.median(words) < statistics.mean(words)
+
+
+def test_unacceptable_sentences_carry_a_detectable_error():
+    from tpu_helpers.fixtures import _DETS, _VERBS
+
+    rng = random.Random(1)
+    bad_forms = set(_VERBS.values())
+    for _ in range(200):
+        good = cola_like_sentence(rng, True).rstrip(".").lower().split()
+        assert not bad_forms & set(good)
+        assert all(not (a == b and a in _DETS) for a, b in zip(good, good[1:], strict=False))
+    errors = 0
+    for _ in range(200):
+        bad = cola_like_sentence(rng, False).rstrip(".").lower().split()
+        doubled = any(a == b and a in _DETS for a, b in zip(bad, bad[1:], strict=False))
+        errors += bool(bad_forms & set(bad)) or doubled
+    assert errors > 150  # the rest lost a noun after a determiner
+
+
+def test_leaf_classes_differ_in_colour():
+    rng = np.random.default_rng(0)
+    means = [leaf_image(rng, label, size=96).reshape(-1, 3).mean(0) for label in range(3)]
+    # healthy leaves are the greenest: red/green ratio lowest
+    ratio = [m[0] / m[1] for m in means]
+    assert ratio[2] < ratio[0] and ratio[2] < ratio[1]
+
+
+def test_build_writes_loadable_artifacts_and_is_idempotent(fixtures_dir, capsys):
+    stamp = fixtures_dir / "fixtures.json"
+    before = stamp.stat().st_mtime_ns
+    paths = build_fixtures(fixtures_dir)
+    assert stamp.stat().st_mtime_ns == before
+    assert "up to date" in capsys.readouterr().out
+    assert set(paths) == {"tiny-distilbert", "cola", "tiny-vit", "beans"}
+
+    from datasets import load_dataset
+
+    cola = load_dataset(paths["cola"])
+    assert cola["train"].column_names == ["sentence", "label", "idx"]
+    assert cola["train"].features["label"].names == ["unacceptable", "acceptable"]
+    assert cola.num_rows == COLA_SPLITS
+    beans = load_dataset(paths["beans"])
+    assert beans["train"].features["labels"].names == list(BEANS_CLASSES)
+    first = beans["train"][0]["image_file_path"]
+    assert first.endswith(".jpg") and f"/{BEANS_CLASSES[beans['train'][0]['labels']]}/" in first
+
+    from PIL import Image
+
+    with Image.open(first) as img:
+        assert img.size == (500, 500) and img.format == "JPEG"
+
+
+def test_checkpoints_load_like_the_hub_ones(fixtures_dir):
+    result = run_python(
+        f"""
+        import tpu_helpers
+        from transformers import (AutoImageProcessor, AutoTokenizer,
+            TFAutoModelForImageClassification, TFAutoModelForSequenceClassification)
+        tok = AutoTokenizer.from_pretrained("{fixtures_dir}/tiny-distilbert")
+        ids = tok("The dog ate the cake.")["input_ids"]
+        print("TOKENS", tok.convert_ids_to_tokens(ids))
+        m = TFAutoModelForSequenceClassification.from_pretrained("{fixtures_dir}/tiny-distilbert", num_labels=2)
+        print("MODEL", type(m).__name__, m.config.max_position_embeddings)
+        p = AutoImageProcessor.from_pretrained("{fixtures_dir}/tiny-vit")
+        v = TFAutoModelForImageClassification.from_pretrained(
+            "{fixtures_dir}/tiny-vit", num_labels=3, ignore_mismatched_sizes=True)
+        print("VIT", type(v).__name__, v.config.num_labels, p.size, p.image_mean)
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "TOKENS ['[CLS]', 'The', 'dog', 'ate', 'the', 'cake', '.', '[SEP]']" in out
+    assert "MODEL TFDistilBertForSequenceClassification 512" in out
+    assert "VIT TFViTForImageClassification 3 {'height': 32, 'width': 32} [0.5, 0.5, 0.5]" in out
+
+
+def test_stamp_records_seed(fixtures_dir):
+    stamp = json.loads((fixtures_dir / "fixtures.json").read_text())
+    assert stamp["seed"] == 0 and stamp["version"] >= 1
+
+
+@pytest.mark.parametrize("seed", [0])
+def test_weights_are_deterministic(tmp_path, seed):
+    # Two builds of the text checkpoint from the same seed hold the same weights.
+    code = """
+        import sys, tpu_helpers, hashlib
+        from pathlib import Path
+        from tpu_helpers.fixtures import write_tiny_distilbert
+        out = Path(sys.argv[1])
+        write_tiny_distilbert(out, ["the dog ate the cake ."] * 20, seed={seed})
+        print("HASH", hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest()[:16])
+        import tensorflow as tf
+        from transformers import TFAutoModel
+        w = TFAutoModel.from_pretrained(out).get_weights()
+        print("SUM", sum(float(abs(x).sum()) for x in w))
+    """.replace("{seed}", str(seed))
+    outs = []
+    for name in ("a", "b"):
+        r = run_python(code.replace("sys.argv[1]", repr(str(tmp_path / name))))
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs.append([line for line in r.stdout.splitlines() if line.startswith(("HASH", "SUM"))])
+    assert outs[0] == outs[1] and len(outs[0]) == 2

@@ -1,0 +1,73 @@
+"""Committed notebooks: stripped, parameterised, runnable on Colab/Kaggle, listed in the README."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import readme  # noqa: E402
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def load(path):
+    return json.loads(path.read_text())
+
+
+def source(cell):
+    return "".join(cell["source"])
+
+
+def test_there_are_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(len(NOTEBOOKS))]
+    assert len(NOTEBOOKS) >= 1
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_without_outputs(path):
+    for cell in load(path)["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [] and cell["execution_count"] is None, source(cell)[:80]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_one_parameters_cell_and_language_metadata(path):
+    nb = load(path)
+    tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1
+    assert nb["metadata"]["kernelspec"]["language"] == "python"
+    assert nb["metadata"]["language_info"]["name"] == "python"
+    # Plain assignments only, so papermill and Colab forms can override them.
+    for line in source(tagged[0]).splitlines():
+        assert not line.strip() or line.startswith("#") or " = " in line, line
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_badges_point_at_this_notebook(path):
+    first = source(load(path)["cells"][0])
+    colab, kaggle = readme.badges(f"notebooks/{path.name}")
+    assert f"({colab})" in first and f"({kaggle})" in first
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_install_cell_is_the_shared_one(path):
+    code = [c for c in load(path)["cells"] if c["cell_type"] == "code"]
+    install = source(code[0])
+    assert f'REPO = "{readme.repo_url()}"' in install
+    assert "tpu_helpers.install()" in install
+    assert '"google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ' in install
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_has_cpu_parameters(path):
+    assert (ROOT / "tests" / "params" / f"{path.stem}.yaml").exists()
+
+
+def test_readme_table_is_generated_from_the_notebooks():
+    current = (ROOT / "README.md").read_text()
+    assert current == readme.render(current), "run: python tools/readme.py"
+    for path in NOTEBOOKS:
+        assert f"notebooks/{path.name}" in current

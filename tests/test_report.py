@@ -1,0 +1,56 @@
+import nbformat
+
+from tpu_helpers.report import METRICS_MIME, build_report, publish_metrics
+
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+def executed(tmp_path, name, outputs, duration=12.5):
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("x = 1")
+    cell.outputs = [nbformat.from_dict(o) for o in outputs]
+    nb.cells.append(cell)
+    nb.metadata["papermill"] = {"duration": duration, "exception": None}
+    path = tmp_path / name
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_report_collects_status_metrics_and_plots(tmp_path):
+    ok = executed(
+        tmp_path,
+        "01_ok.ipynb",
+        [
+            {
+                "output_type": "display_data",
+                "metadata": {},
+                "data": {METRICS_MIME: {"val_accuracy": 0.91}, "text/plain": "x"},
+            },
+            {"output_type": "display_data", "metadata": {}, "data": {"image/png": PNG}},
+        ],
+    )
+    bad = executed(
+        tmp_path,
+        "02_bad.ipynb",
+        [
+            {
+                "output_type": "error",
+                "ename": "AssertionError",
+                "evalue": "loss did not fall",
+                "traceback": [],
+            }
+        ],
+    )
+    summaries = build_report([ok, bad], tmp_path / "report")
+    assert summaries[0]["status"] == "ok" and summaries[0]["metrics"] == {"val_accuracy": 0.91}
+    assert summaries[0]["plots"] == [PNG] and summaries[0]["duration_s"] == 12.5
+    assert summaries[1]["status"] == "failed"
+    assert summaries[1]["error"] == "AssertionError: loss did not fall"
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "val_accuracy=0.91" in page and PNG in page and "loss did not fall" in page
+    assert (tmp_path / "report" / "report.json").exists()
+
+
+def test_publish_metrics_prints_outside_ipython(capsys):
+    publish_metrics(loss=0.123456, replicas=8)
+    assert capsys.readouterr().out == "loss: 0.1235\nreplicas: 8\n"

@@ -1,0 +1,144 @@
+import pytest
+
+from tpu_helpers.runtime import RuntimeFacts, detect_runtime, install, install_commands
+
+GOOD = {
+    "tensorflow": "2.21.0",
+    "tf-keras": "2.21.0",
+    "transformers": "4.57.6",
+    "datasets": "5.0.1",
+    "huggingface-hub": "0.36.2",
+}
+
+
+def facts(platform="colab", accelerator="tpu", **versions):
+    return RuntimeFacts(platform=platform, accelerator=accelerator, distributions=versions)
+
+
+def no_paths(_path):
+    return False
+
+
+@pytest.mark.parametrize(
+    "env, paths, modules, versions, expected",
+    [
+        ({}, set(), {}, {}, ("local", "cpu")),
+        ({"COLAB_RELEASE_TAG": "release-x"}, {"/dev/accel0"}, {}, {}, ("colab", "tpu")),
+        ({}, set(), {"google.colab": object()}, {}, ("colab", "cpu")),
+        ({"COLAB_RELEASE_TAG": "r", "COLAB_GPU": "1"}, set(), {}, {}, ("colab", "gpu")),
+        (
+            {"KAGGLE_KERNEL_RUN_TYPE": "Batch", "TPU_ACCELERATOR_TYPE": "v3-8"},
+            set(),
+            {},
+            {},
+            ("kaggle", "tpu"),
+        ),
+        (
+            {"KAGGLE_URL_BASE": "https://www.kaggle.com"},
+            {"/dev/nvidia0"},
+            {},
+            {},
+            ("kaggle", "gpu"),
+        ),
+        ({}, {"/dev/accel0"}, {}, {}, ("tpu-vm", "tpu")),
+        ({}, {"/dev/vfio/0"}, {}, {"libtpu": "0.0.14"}, ("tpu-vm", "tpu")),
+        ({}, {"/dev/vfio/0"}, {}, {}, ("local", "cpu")),  # vfio alone is not a TPU
+        ({"TPU_NAME": "my-pod"}, set(), {}, {}, ("tpu-vm", "tpu")),
+        ({"COLAB_TPU_ADDR": "10.0.0.2:8470"}, set(), {"google.colab": 1}, {}, ("colab", "tpu")),
+    ],
+)
+def test_detect_runtime(env, paths, modules, versions, expected):
+    found = detect_runtime(
+        environ=env, path_exists=paths.__contains__, modules=modules, versions=versions
+    )
+    assert (found.platform, found.accelerator) == expected
+
+
+def test_detect_runtime_keeps_versions_and_tpu_type():
+    found = detect_runtime(
+        environ={"TPU_ACCELERATOR_TYPE": "v5litepod-1"},
+        path_exists=no_paths,
+        modules={},
+        versions={"tensorflow-tpu": "2.20.0"},
+    )
+    assert found.tpu_type == "v5litepod-1"
+    assert found.tensorflow_build == "tensorflow-tpu"
+    assert found.tensorflow_version == "2.20.0"
+    assert found.distributions["transformers"] is None
+
+
+def test_plain_machine_installs_nothing():
+    assert install_commands(facts("local", "cpu")) == []
+    assert install_commands(facts("local", "cpu", **GOOD)) == []
+
+
+def test_colab_tpu_without_tensorflow():
+    plan = install_commands(
+        facts(
+            "colab", "tpu", transformers="5.1.0", datasets="4.4.1", **{"huggingface-hub": "1.2.0"}
+        )
+    )
+    assert plan[0].startswith(
+        "pip install -q tensorflow-tpu==2.20.0 -f https://storage.googleapis.com/libtpu"
+    )
+    assert "pip install -q --no-deps 'tf-keras~=2.20.0'" in plan
+    assert "pip install -q transformers==4.57.6" in plan
+    assert any("datasets>=4,<5.1" in c and "huggingface-hub<1.0" in c for c in plan)
+    assert not any(c.startswith("pip uninstall") for c in plan)
+
+
+def test_kaggle_tpu_with_tensorflow_cpu_swaps_the_build_keeping_the_minor():
+    plan = install_commands(
+        facts(
+            "kaggle",
+            "tpu",
+            **{"tensorflow-cpu": "2.19.1", "tf-keras": "2.19.0"},
+            transformers="4.57.6",
+            datasets="4.0.0",
+            **{"huggingface-hub": "0.36.0"},
+        )
+    )
+    assert plan == [
+        "pip uninstall -y tensorflow-cpu",
+        "pip install -q 'tensorflow-tpu==2.19.*' -f https://storage.googleapis.com/libtpu-tf-releases/index.html",
+    ]
+
+
+def test_tpu_with_tensorflow_newer_than_any_tpu_build():
+    plan = install_commands(facts("tpu-vm", "tpu", **GOOD))
+    assert plan[0] == "pip uninstall -y tensorflow"
+    assert "tensorflow-tpu==2.20.0" in plan[1]
+    assert "pip install -q --no-deps 'tf-keras~=2.20.0'" in plan  # 2.21 tf-keras no longer fits
+
+
+def test_tpu_runtime_already_good():
+    versions = dict(GOOD, **{"tensorflow-tpu": "2.20.0", "tf-keras": "2.20.1"})
+    del versions["tensorflow"]
+    assert install_commands(facts("colab", "tpu", **versions)) == []
+
+
+def test_gpu_runtime_needs_only_a_matching_tf_keras():
+    versions = dict(GOOD, tensorflow="2.19.0", **{"tf-keras": "2.21.0"})
+    assert install_commands(facts("colab", "gpu", **versions)) == [
+        "pip install -q --no-deps 'tf-keras~=2.19.0'"
+    ]
+
+
+def test_gpu_runtime_without_tensorflow_gets_the_cuda_build():
+    plan = install_commands(facts("kaggle", "gpu"))
+    assert plan[0] == "pip install -q 'tensorflow[and-cuda]==2.21.0'"
+    assert "pip install -q --no-deps 'tf-keras~=2.21.0'" in plan
+
+
+def test_install_runs_only_on_hosted_runtimes(capsys):
+    calls = []
+    plan = install(facts("tpu-vm", "tpu"), run=lambda *a, **k: calls.append(a))
+    assert plan and calls == []
+    assert "nothing is run" in capsys.readouterr().out
+    plan = install(facts("colab", "tpu"), run=lambda cmd, **k: calls.append(cmd))
+    assert calls == plan
+
+
+def test_install_on_a_good_machine_says_so(capsys):
+    assert install(facts("local", "cpu", **GOOD), run=None) == []
+    assert "nothing to install" in capsys.readouterr().out

@@ -1,0 +1,90 @@
+import pytest
+from conftest import run_python
+
+from tpu_helpers.runtime import RuntimeFacts
+from tpu_helpers.strategy import connect, tpu_candidates
+
+
+def test_tpu_candidates_order_and_sources():
+    tpu = RuntimeFacts(platform="tpu-vm", accelerator="tpu")
+    assert tpu_candidates(None, tpu, {}) == ["local"]
+    assert tpu_candidates(None, RuntimeFacts(), {}) == []
+    env = {"TPU_NAME": "pod-a", "COLAB_TPU_ADDR": "10.1.2.3:8470"}
+    assert tpu_candidates("explicit", tpu, env) == ["explicit", "pod-a", "grpc://10.1.2.3:8470"]
+    assert tpu_candidates("pod-a", tpu, env) == ["pod-a", "grpc://10.1.2.3:8470"]
+
+
+@pytest.mark.parametrize("bad", [-1, 2.0, "8"])
+def test_bad_replica_count_is_refused_with_the_value(bad):
+    with pytest.raises(ValueError, match=f"simulated_replicas={bad!r}"):
+        connect(simulated_replicas=bad, verbose=False)
+
+
+def test_simulated_replicas_run_compute_and_reconnect():
+    result = run_python(
+        """
+        import tpu_helpers
+        from tpu_helpers.strategy import replica_sum
+        s = tpu_helpers.connect(simulated_replicas=2)
+        print("REPLICAS", s.num_replicas_in_sync, replica_sum(s))
+        again = tpu_helpers.connect(simulated_replicas=2)        # same split: fine
+        print("AGAIN", again.num_replicas_in_sync)
+        try:
+            tpu_helpers.connect(simulated_replicas=4)            # devices already set up
+        except RuntimeError as err:
+            print("REFUSED", err)
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "REPLICAS 2 3.0" in out
+    assert "CPU (2 simulated replicas) | replicas 2" in out
+    assert "AGAIN 2" in out
+    assert "REFUSED" in out and "simulated_replicas=4" in out and "restart the runtime" in out
+
+
+def test_default_strategy_on_cpu():
+    result = run_python(
+        """
+        import tpu_helpers
+        from tpu_helpers.strategy import replica_sum
+        s = tpu_helpers.connect()
+        print("SUM", s.num_replicas_in_sync, replica_sum(s))
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "SUM 1 1.0" in result.stdout
+    assert result.stdout.startswith("CPU | replicas 1 | local | TF ")
+
+
+def test_unresolvable_tpu_names_what_was_tried():
+    result = run_python(
+        """
+        import tpu_helpers
+        from tpu_helpers.strategy import TPUConnectionError
+        try:
+            tpu_helpers.connect(tpu="local")
+        except TPUConnectionError as err:
+            print("ERR", err)
+        """,
+        env={"COLAB_TPU_ADDR": "127.0.0.1:1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "ERR Could not connect to a TPU. Tried:" in out
+    assert "'local':" in out and "'grpc://127.0.0.1:1':" in out
+    assert "Fix:" in out
+
+
+def test_import_sets_the_legacy_keras_flag_before_tensorflow():
+    result = run_python(
+        """
+        import os
+        os.environ.pop("TF_USE_LEGACY_KERAS", None)
+        import tpu_helpers
+        import tensorflow as tf
+        print("FLAG", os.environ["TF_USE_LEGACY_KERAS"], tf.keras.Model.__module__.split(".")[0])
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "FLAG 1 tf_keras" in result.stdout

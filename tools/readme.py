@@ -1,0 +1,80 @@
+"""Generate the README's notebook table from the notebooks and the repository URL.
+
+    python tools/readme.py          # rewrite the table in README.md
+    python tools/readme.py --check  # exit 1 if README.md is out of date
+
+The URL is configured once, in pyproject.toml ([project.urls] Repository); badges in the
+notebooks and the install cells must use the same one (tests/test_notebooks_static.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+START, END = "<!-- notebooks:start -->", "<!-- notebooks:end -->"
+
+
+def repo_url() -> str:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return data["project"]["urls"]["Repository"].rstrip("/")
+
+
+def badges(notebook_path: str, url: str | None = None) -> tuple[str, str]:
+    """Open-in-Colab and Open-in-Kaggle links for ``notebooks/NN_x.ipynb``."""
+    url = url or repo_url()
+    github = url.removeprefix("https://github.com/")
+    colab = f"https://colab.research.google.com/github/{github}/blob/main/{notebook_path}"
+    kaggle = f"https://kaggle.com/kernels/welcome?src={url}/blob/main/{notebook_path}"
+    return colab, kaggle
+
+
+def notebook_rows() -> list[tuple[str, str, str]]:
+    """(path, title, one-line summary) per notebook, from its first markdown cell."""
+    rows = []
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        first = json.loads(path.read_text())["cells"][0]
+        lines = [line.strip() for line in "".join(first["source"]).splitlines() if line.strip()]
+        title = re.sub(r"^#\s*", "", lines[0])
+        rows.append((f"notebooks/{path.name}", title, lines[1]))
+    return rows
+
+
+def table() -> str:
+    out = ["| notebook | what you learn | open |", "|---|---|---|"]
+    for path, title, summary in notebook_rows():
+        colab, kaggle = badges(path)
+        out.append(
+            f"| [{title}]({path}) | {summary} | [![Colab](https://colab.research.google.com/assets/"
+            f"colab-badge.svg)]({colab}) [![Kaggle](https://kaggle.com/static/images/"
+            f"open-in-kaggle.svg)]({kaggle}) |"
+        )
+    return "\n".join(out)
+
+
+def render(readme: str) -> str:
+    head, rest = readme.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{table()}\n{END}{tail}"
+
+
+def main(argv: list[str]) -> int:
+    path = ROOT / "README.md"
+    current = path.read_text()
+    wanted = render(current)
+    if "--check" in argv:
+        if current != wanted:
+            print("README.md's notebook table is out of date: run python tools/readme.py")
+            return 1
+        return 0
+    path.write_text(wanted)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
