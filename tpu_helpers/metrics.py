@@ -1,0 +1,67 @@
+"""Classification metrics computed on the host from predictions (weights skip fillers)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def matthews_correlation(labels: Sequence[int], predictions: Sequence[int], weights=None) -> float:
+    """Matthews correlation coefficient of binary labels, CoLA's official metric.
+
+    0 when a class is never predicted (or never present), as scikit-learn returns.
+
+    >>> matthews_correlation([1, 1, 0, 0], [1, 1, 0, 0])
+    1.0
+    >>> matthews_correlation([1, 0, 1, 0], [1, 1, 1, 1])
+    0.0
+    """
+    y, p = np.asarray(labels), np.asarray(predictions)
+    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
+    tp = float(w[(y == 1) & (p == 1)].sum())
+    tn = float(w[(y == 0) & (p == 0)].sum())
+    fp = float(w[(y == 0) & (p == 1)].sum())
+    fn = float(w[(y == 1) & (p == 0)].sum())
+    denom = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    return 0.0 if denom == 0 else (tp * tn - fp * fn) / denom
+
+
+def accuracy(labels, predictions, weights=None) -> float:
+    y, p = np.asarray(labels), np.asarray(predictions)
+    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
+    return float((w * (y == p)).sum() / w.sum())
+
+
+def majority_rate(labels) -> float:
+    """Accuracy of always predicting the most common class: the bar a model must clear."""
+    counts = np.bincount(np.asarray(labels))
+    return float(counts.max() / counts.sum())
+
+
+def predict_classes(model, dataset, steps: int, strategy):
+    """Run ``model`` on ``steps`` batches of ``(features, labels, weights)`` from a dataset
+    distributed by ``strategy``; return ``(labels, predictions, weights)`` as flat arrays.
+
+    Each step runs on every replica (``strategy.run`` in a ``tf.function``) and the
+    per-replica results are gathered to the host.
+    """
+    import tensorflow as tf
+
+    @tf.function
+    def step(features):
+        def predict(x):
+            return tf.argmax(model(x, training=False).logits, axis=-1, output_type=tf.int32)
+
+        return strategy.run(predict, args=(features,))
+
+    local = strategy.experimental_local_results
+    labels, preds, weights = [], [], []
+    iterator = iter(dataset)
+    for _ in range(steps):
+        features, y, w = next(iterator)
+        preds += [x.numpy() for x in local(step(features))]
+        labels += [x.numpy() for x in local(y)]
+        weights += [x.numpy() for x in local(w)]
+    return np.concatenate(labels), np.concatenate(preds), np.concatenate(weights)

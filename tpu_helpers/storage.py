@@ -1,0 +1,63 @@
+"""Save and load Hugging Face checkpoints anywhere ``tf.io.gfile`` reaches: a local folder,
+``gs://bucket/prefix`` or TensorFlow's in-memory ``ram://`` file system.
+
+``save_pretrained`` in transformers writes with ``os`` calls, which cannot reach a bucket;
+these helpers stage through a local temporary folder and copy with ``tf.io.gfile``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+
+def is_remote(path: str) -> bool:
+    """True for URLs such as ``gs://...`` or ``ram://...``, False for local paths."""
+    return "://" in str(path)
+
+
+def copy_tree(source: str, target: str) -> list[str]:
+    """Copy every file below ``source`` to ``target`` with ``tf.io.gfile``; return targets."""
+    import tensorflow as tf
+
+    written = []
+    for folder, _, files in tf.io.gfile.walk(source):
+        rel = (
+            os.path.relpath(folder, source)
+            if not is_remote(source)
+            else folder[len(source) :].lstrip("/")
+        )
+        dest = target if rel in ("", ".") else f"{target.rstrip('/')}/{rel}"
+        tf.io.gfile.makedirs(dest)
+        for name in files:
+            tf.io.gfile.copy(f"{folder.rstrip('/')}/{name}", f"{dest}/{name}", overwrite=True)
+            written.append(f"{dest}/{name}")
+    return written
+
+
+def save_pretrained(output_dir: str, *objects) -> list[str]:
+    """``obj.save_pretrained`` for each object (model, tokenizer, processor) into
+    ``output_dir``, local or remote. Returns the files written."""
+    if not is_remote(output_dir):
+        os.makedirs(output_dir, exist_ok=True)
+        for obj in objects:
+            obj.save_pretrained(output_dir)
+        return sorted(os.path.join(output_dir, f) for f in os.listdir(output_dir))
+    with tempfile.TemporaryDirectory() as staging:
+        for obj in objects:
+            obj.save_pretrained(staging)
+        return copy_tree(staging, output_dir)
+
+
+def local_copy(path: str) -> str:
+    """A local folder holding ``path``'s files: ``path`` itself when local, else a fresh
+    temporary copy (for ``from_pretrained``, which reads with ``os``)."""
+    if not is_remote(path):
+        return path
+    import tensorflow as tf
+
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f"{path} does not exist. Fix: check the bucket and prefix.")
+    staging = tempfile.mkdtemp(prefix="tpu_helpers-")
+    copy_tree(path, staging)
+    return staging

@@ -1,0 +1,360 @@
+"""Text data for TPUs: load, tokenize, choose padding, and batch for a strategy.
+
+Padding is where text models waste a TPU. Every distinct batch shape is one XLA
+compilation, so shapes must be few; every padding token is computed like a real one, so
+padding must be small. This module expresses every padding scheme as a list of
+*boundaries* (the widths a batch may have) and picks them from the data:
+
+* ``"max_length"``: one width, the tutorial's ``padding="max_length"``;
+* ``"multiple"``: widths ``m, 2m, ...``: sorting by length and padding to a multiple of ``m``;
+* ``"buckets"``: at most ``max_shapes`` widths (multiples of 8) chosen from the length
+  histogram to minimise padding.
+
+>>> lengths = [5, 6, 7, 9, 12, 12, 30]
+>>> choose_boundaries(lengths, max_shapes=2)
+[16, 32]
+>>> round(padding_report(lengths, [16, 32]).real_token_share, 3)
+0.633
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+import tpu_helpers._env  # noqa: F401  (TF_USE_LEGACY_KERAS before TF loads)
+
+SCHEMES = ("max_length", "multiple", "buckets")
+
+
+# --- loading -------------------------------------------------------------------------
+def load_text_dataset(
+    name_or_path: str,
+    config: str | None = None,
+    splits: Sequence[str] = ("train", "validation"),
+    columns: Sequence[str] = ("sentence", "label"),
+):
+    """``load_dataset(name, config)`` for a hub name (``"glue", "cola"``) or a local folder,
+    checking that the splits and columns the notebook needs are there.
+
+    Raises ``ValueError`` naming the missing split or column and what the data set has.
+    """
+    from datasets import load_dataset
+
+    try:
+        data = load_dataset(name_or_path, config) if config else load_dataset(name_or_path)
+    except FileNotFoundError as err:
+        raise ValueError(
+            f"Could not load data set {name_or_path!r} (config {config!r}): {err}. Fix: pass a"
+            " hub name such as 'glue' with config 'cola', or a local folder that"
+            " datasets.load_dataset can read (python -m tpu_helpers fixtures DIR writes one)."
+        ) from err
+    for split in splits:
+        if split not in data:
+            raise ValueError(
+                f"Data set {name_or_path!r} has no split {split!r}; it has {sorted(data)}."
+                " Fix: pass the split names it has."
+            )
+        missing = [c for c in columns if c not in data[split].column_names]
+        if missing:
+            raise ValueError(
+                f"Split {split!r} of {name_or_path!r} has no column {missing[0]!r}; its columns"
+                f" are {data[split].column_names}. Fix: rename the column"
+                f" (dataset.rename_column) or pass text_column/label_column."
+            )
+    return data
+
+
+def check_max_length(max_length: int, model_config) -> int:
+    """Refuse a ``max_length`` the model's position embeddings cannot hold."""
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length={max_length!r} must be a positive integer.")
+    if limit is not None and max_length > limit:
+        raise ValueError(
+            f"max_length={max_length} exceeds the model's limit of {limit} positions"
+            f" (max_position_embeddings). Fix: max_length <= {limit}."
+        )
+    return max_length
+
+
+def tokenize(
+    dataset, tokenizer, max_length: int, text_column: str = "sentence", batch_size: int = 1000
+):
+    """Add ``input_ids`` (truncated to ``max_length``, not padded) and ``length`` columns.
+
+    Tokenizes in batches with ``Dataset.map(batched=True)``. Padding is decided later,
+    per batch, by the boundaries (see ``make_text_dataset``).
+    """
+
+    def encode(batch):
+        enc = tokenizer(
+            batch[text_column],
+            truncation=True,
+            max_length=max_length,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )
+        return {"input_ids": enc["input_ids"], "length": [len(x) for x in enc["input_ids"]]}
+
+    return dataset.map(encode, batched=True, batch_size=batch_size, desc="tokenize")
+
+
+# --- choosing the padding ------------------------------------------------------------
+def _round_up(value: int, multiple: int) -> int:
+    return int(math.ceil(value / multiple) * multiple)
+
+
+def choose_boundaries(
+    lengths: Sequence[int], max_shapes: int = 4, multiple: int = 8, max_length: int | None = None
+) -> list[int]:
+    """At most ``max_shapes`` batch widths, each a multiple of ``multiple``, that minimise
+    the padding of ``lengths`` when each example goes to the narrowest width that fits.
+
+    Exact: dynamic programming over the candidate widths ``multiple, 2*multiple, ...``.
+    The widest boundary always covers the longest example (capped at ``max_length``).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size == 0:
+        raise ValueError("choose_boundaries needs at least one length.")
+    if max_shapes < 1:
+        raise ValueError(f"max_shapes={max_shapes} must be at least 1.")
+    top = _round_up(int(lengths.max()), multiple)
+    if max_length is not None:
+        top = min(top, max_length)
+    candidates = [w for w in range(multiple, top, multiple)] + [top]
+    m = len(candidates)
+    # count[i], total[i]: examples and their tokens with length in (candidates[i-1], candidates[i]]
+    edges = [0] + candidates
+    count = np.array([((lengths > edges[i]) & (lengths <= edges[i + 1])).sum() for i in range(m)])
+    total = np.array(
+        [lengths[(lengths > edges[i]) & (lengths <= edges[i + 1])].sum() for i in range(m)]
+    )
+    ccount, ctotal = (
+        np.concatenate([[0], np.cumsum(count)]),
+        np.concatenate([[0], np.cumsum(total)]),
+    )
+
+    def waste(i: int, j: int) -> int:  # groups i..j (inclusive) padded to candidates[j]
+        n = ccount[j + 1] - ccount[i]
+        return int(n * candidates[j] - (ctotal[j + 1] - ctotal[i]))
+
+    inf = float("inf")
+    # best[k][j]: least waste covering groups 0..j with k boundaries, the last at j
+    best = [[inf] * m for _ in range(max_shapes + 1)]
+    back = [[-1] * m for _ in range(max_shapes + 1)]
+    for j in range(m):
+        best[1][j] = waste(0, j)
+    for k in range(2, max_shapes + 1):
+        for j in range(m):
+            for i in range(j):
+                cost = best[k - 1][i] + waste(i + 1, j)
+                if cost < best[k][j]:
+                    best[k][j], back[k][j] = cost, i
+    k = min(range(1, max_shapes + 1), key=lambda k: (best[k][m - 1], k))
+    chosen, j = [], m - 1
+    while j >= 0 and k >= 1:
+        chosen.append(candidates[j])
+        j, k = back[k][j], k - 1
+    # Widths no example uses are dropped: they would add a shape and save nothing.
+    bounds = sorted(chosen)
+    used = np.unique(np.searchsorted(bounds, np.minimum(lengths, bounds[-1])))
+    return [bounds[i] for i in used]
+
+
+def padding_boundaries(
+    lengths: Sequence[int],
+    scheme: str = "buckets",
+    max_length: int = 128,
+    multiple_of: int = 32,
+    max_shapes: int = 4,
+) -> list[int]:
+    """The batch widths of ``scheme`` (see the module docstring) for these lengths."""
+    if scheme == "max_length":
+        return [max_length]
+    if scheme == "multiple":
+        top = min(_round_up(int(max(lengths)), multiple_of), _round_up(max_length, multiple_of))
+        return list(range(multiple_of, top + 1, multiple_of))
+    if scheme == "buckets":
+        return choose_boundaries(lengths, max_shapes=max_shapes, max_length=max_length)
+    raise ValueError(f"padding scheme {scheme!r} is not one of {SCHEMES}.")
+
+
+@dataclass(frozen=True)
+class PaddingReport:
+    boundaries: tuple[int, ...]
+    real_tokens: int
+    padded_tokens: int
+
+    @property
+    def shapes(self) -> int:
+        return len(self.boundaries)
+
+    @property
+    def real_token_share(self) -> float:
+        return self.real_tokens / self.padded_tokens
+
+    def __str__(self) -> str:
+        return (
+            f"widths {list(self.boundaries)}: {self.shapes} shape(s),"
+            f" {self.real_token_share:.1%} real tokens"
+        )
+
+
+def padding_report(lengths: Sequence[int], boundaries: Sequence[int]) -> PaddingReport:
+    """Real (non-padding) tokens against tokens computed, when each example is padded to the
+    narrowest boundary that holds it (longer ones are truncated to the widest)."""
+    lengths = np.minimum(np.asarray(lengths, dtype=np.int64), boundaries[-1])
+    widths = np.asarray(boundaries)[np.searchsorted(boundaries, lengths)]
+    return PaddingReport(tuple(int(b) for b in boundaries), int(lengths.sum()), int(widths.sum()))
+
+
+# --- batching for a strategy ---------------------------------------------------------
+def global_batch_size(per_replica_batch: int, replicas: int) -> int:
+    """``per_replica_batch x replicas``, refusing a batch that is not a positive integer."""
+    if (
+        isinstance(per_replica_batch, bool)
+        or not isinstance(per_replica_batch, int)
+        or per_replica_batch < 1
+    ):
+        raise ValueError(
+            f"per_replica_batch={per_replica_batch!r} is not a positive integer. Fix: pass the"
+            f" batch for ONE replica (e.g. 8 or 16); the global batch is that x {replicas} replicas."
+        )
+    return per_replica_batch * replicas
+
+
+def batch_plan(
+    lengths: Sequence[int],
+    boundaries: Sequence[int],
+    global_batch: int,
+    seed: int = 0,
+    shuffle: bool = True,
+):
+    """Group example indices into batches of exactly ``global_batch`` rows and one width each.
+
+    Examples go to the narrowest boundary that holds them; a bucket's leftover (fewer than
+    a batch) moves up to the next wider bucket; the last partial batch is completed with
+    copies weighted 0. So every example appears exactly once with weight 1, every batch
+    has the static size a TPU needs, and nothing is silently dropped.
+
+    Returns ``(indices [n, B], widths [n], weights [n, B])`` as numpy arrays.
+    """
+    lengths = np.minimum(np.asarray(lengths), boundaries[-1])
+    if len(lengths) < global_batch:
+        raise ValueError(
+            f"The data set has {len(lengths)} examples, fewer than one global batch of"
+            f" {global_batch}. Fix: a smaller per-replica batch or more data."
+        )
+    rng = np.random.default_rng(seed)
+    bucket_of = np.searchsorted(boundaries, lengths)
+    batches, widths, weights = [], [], []
+    carry = np.empty(0, dtype=np.int64)
+    for b, width in enumerate(boundaries):
+        members = np.flatnonzero(bucket_of == b)
+        if shuffle:
+            members = rng.permutation(members)
+        pool = np.concatenate([carry, members])
+        full = len(pool) // global_batch * global_batch
+        for start in range(0, full, global_batch):
+            batches.append(pool[start : start + global_batch])
+            widths.append(width)
+            weights.append(np.ones(global_batch, np.float32))
+        carry = pool[full:]
+    if len(carry):
+        fill = rng.choice(len(lengths), global_batch - len(carry), replace=False)
+        # fillers must fit the widest width, which every example does
+        batches.append(np.concatenate([carry, fill]))
+        widths.append(boundaries[-1])
+        weights.append(
+            np.concatenate([np.ones(len(carry)), np.zeros(len(fill))]).astype(np.float32)
+        )
+    order = rng.permutation(len(batches)) if shuffle else np.arange(len(batches))
+    return (
+        np.stack(batches)[order],
+        np.asarray(widths, np.int32)[order],
+        np.stack(weights)[order],
+    )
+
+
+def make_text_dataset(
+    split,
+    global_batch: int,
+    boundaries: Sequence[int],
+    shuffle: bool = True,
+    seed: int = 0,
+    epochs: int = 1,
+    label_column: str = "label",
+    input_context=None,
+):
+    """A ``tf.data.Dataset`` of ``({"input_ids", "attention_mask"}, labels, weights)``.
+
+    ``split`` is a tokenized split (``tokenize``). Each epoch is planned with ``batch_plan``
+    (seed ``seed + epoch``), so shuffling differs per epoch, every batch has one of
+    ``boundaries`` as width, and the weights mark the fillers (0) that keep batches full.
+
+    Without ``input_context`` the elements are global batches of ``global_batch`` rows.
+    With a ``tf.distribute.InputContext`` (from ``distribute_datasets_from_function``) the
+    elements are per-replica batches for the replicas of that input pipeline, in replica
+    order, all replicas of one step sharing one width; a strategy needs that, since
+    replicas that disagree on shapes cannot reduce their gradients.
+
+    The number of steps per epoch is on the dataset as ``steps_per_epoch``.
+    """
+    import tensorflow as tf
+
+    lengths = np.asarray(split["length"])
+    tokens = np.concatenate([np.asarray(x[: boundaries[-1]], np.int32) for x in split["input_ids"]])
+    ragged = tf.RaggedTensor.from_row_lengths(tokens, np.minimum(lengths, boundaries[-1]))
+    labels = tf.constant(np.asarray(split[label_column]), tf.int32)
+
+    plans = [
+        batch_plan(lengths, boundaries, global_batch, seed + e, shuffle) for e in range(epochs)
+    ]
+    indices = np.concatenate([p[0] for p in plans])
+    widths = np.concatenate([p[1] for p in plans])
+    weights = np.concatenate([p[2] for p in plans])
+    rows = global_batch
+    if input_context is not None:
+        replicas = input_context.num_replicas_in_sync
+        rows = input_context.get_per_replica_batch_size(global_batch)
+        local = replicas // input_context.num_input_pipelines
+        first = input_context.input_pipeline_id * local
+        steps = len(indices)
+        indices = indices.reshape(steps, replicas, rows)[:, first : first + local].reshape(-1, rows)
+        weights = weights.reshape(steps, replicas, rows)[:, first : first + local].reshape(-1, rows)
+        widths = np.repeat(widths, local)
+
+    def gather(idx, width, weight):
+        batch = tf.gather(ragged, idx)
+        ids = batch.to_tensor(shape=[rows, width])
+        mask = tf.sequence_mask(batch.row_lengths(), width, dtype=tf.int32)
+        return {"input_ids": ids, "attention_mask": mask}, tf.gather(labels, idx), weight
+
+    ds = tf.data.Dataset.from_tensor_slices((indices, widths, weights))
+    ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    ds.steps_per_epoch = len(plans[0][0])
+    return ds
+
+
+def distribute_text_dataset(
+    strategy, split, per_replica_batch: int, boundaries: Sequence[int], **kwargs
+):
+    """``make_text_dataset`` for every replica of ``strategy``, through
+    ``strategy.distribute_datasets_from_function``. Returns ``(dataset, steps_per_epoch)``.
+
+    Accepts ``make_text_dataset``'s keyword arguments (shuffle, seed, epochs, label_column).
+    """
+    global_batch = global_batch_size(per_replica_batch, strategy.num_replicas_in_sync)
+    steps = len(batch_plan(split["length"], boundaries, global_batch, shuffle=False)[0])
+
+    def dataset_fn(input_context):
+        return make_text_dataset(
+            split, global_batch, boundaries, input_context=input_context, **kwargs
+        )
+
+    return strategy.distribute_datasets_from_function(dataset_fn), steps
