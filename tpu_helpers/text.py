@@ -289,6 +289,7 @@ def make_text_dataset(
     epochs: int = 1,
     label_column: str = "label",
     input_context=None,
+    skip_steps: int = 0,
 ):
     """A ``tf.data.Dataset`` of ``({"input_ids", "attention_mask"}, labels, weights)``.
 
@@ -302,7 +303,9 @@ def make_text_dataset(
     order, all replicas of one step sharing one width; a strategy needs that, since
     replicas that disagree on shapes cannot reduce their gradients.
 
-    The number of steps per epoch is on the dataset as ``steps_per_epoch``.
+    ``skip_steps`` starts after that many global steps (resuming mid-epoch from a
+    checkpoint replays none of the steps already done). The number of steps per epoch is on
+    the dataset as ``steps_per_epoch``.
     """
     import tensorflow as tf
 
@@ -317,6 +320,7 @@ def make_text_dataset(
     indices = np.concatenate([p[0] for p in plans])
     widths = np.concatenate([p[1] for p in plans])
     weights = np.concatenate([p[2] for p in plans])
+    indices, widths, weights = indices[skip_steps:], widths[skip_steps:], weights[skip_steps:]
     rows = global_batch
     if input_context is not None:
         replicas = input_context.num_replicas_in_sync

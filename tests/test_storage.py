@@ -1,0 +1,39 @@
+import os
+
+from conftest import run_python
+
+from tpu_helpers.storage import is_remote
+
+
+def test_is_remote():
+    assert is_remote("gs://bucket/x") and is_remote("ram://b/y")
+    assert not is_remote("/tmp/x") and not is_remote("outputs/01")
+
+
+def test_save_and_reload_through_a_bucket_like_path(fixtures_dir, tmp_path):
+    result = run_python(
+        f"""
+        import os, tpu_helpers
+        import tensorflow as tf
+        from transformers import AutoTokenizer, TFAutoModelForSequenceClassification
+        from tpu_helpers.storage import local_copy, save_pretrained
+        tok = AutoTokenizer.from_pretrained("{fixtures_dir}/tiny-distilbert")
+        model = TFAutoModelForSequenceClassification.from_pretrained("{fixtures_dir}/tiny-distilbert", num_labels=2)
+        written = save_pretrained("ram://bucket/model", model, tok)
+        print("WRITTEN", sorted(os.path.basename(w) for w in written))
+        here = local_copy("ram://bucket/model")
+        again = TFAutoModelForSequenceClassification.from_pretrained(here)
+        x = dict(tok(["The dog ate."], return_tensors="tf"))
+        print("SAME", bool(tf.reduce_all(model(x).logits == again(x).logits)))
+        try:
+            local_copy("ram://bucket/missing")
+        except FileNotFoundError as err:
+            print("MISSING", err)
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "config.json" in out and "tf_model.h5" in out and "tokenizer.json" in out
+    assert "SAME True" in out
+    assert "MISSING ram://bucket/missing does not exist" in out
+    assert not os.path.exists("ram:")

@@ -1,0 +1,160 @@
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tpu_helpers import text
+
+
+def brute_force_best(lengths, max_shapes, multiple=8):
+    top = text._round_up(max(lengths), multiple)
+    candidates = list(range(multiple, top, multiple))
+    best = None
+    for k in range(0, max_shapes):
+        for combo in itertools.combinations(candidates, k):
+            bounds = [*combo, top]
+            padded = text.padding_report(lengths, bounds).padded_tokens
+            best = padded if best is None else min(best, padded)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("max_shapes", [1, 2, 3, 4])
+def test_chosen_boundaries_are_optimal(seed, max_shapes):
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(2.4, 0.45, 400).astype(int), 2, 70)
+    chosen = text.choose_boundaries(lengths, max_shapes)
+    assert len(chosen) <= max_shapes
+    assert all(b % 8 == 0 for b in chosen) and chosen == sorted(set(chosen))
+    assert chosen[-1] >= lengths.max()
+    assert text.padding_report(lengths, chosen).padded_tokens == brute_force_best(
+        lengths, max_shapes
+    )
+
+
+def test_more_shapes_never_pad_more():
+    lengths = np.random.default_rng(0).integers(3, 60, 1000)
+    shares = [
+        text.padding_report(lengths, text.choose_boundaries(lengths, k)).real_token_share
+        for k in range(1, 7)
+    ]
+    assert shares == sorted(shares) and shares[-1] > shares[0]
+
+
+def test_max_length_caps_the_widest_boundary():
+    assert text.choose_boundaries([5, 200], max_shapes=2, max_length=128)[-1] == 128
+    assert text.padding_report([5, 200], [8, 128]).real_tokens == 5 + 128  # truncated
+
+
+def test_schemes():
+    lengths = [5, 12, 20, 40]
+    assert text.padding_boundaries(lengths, "max_length", max_length=128) == [128]
+    assert text.padding_boundaries(lengths, "multiple", multiple_of=32) == [32, 64]
+    assert text.padding_boundaries(lengths, "buckets", max_shapes=4) == [8, 16, 24, 40]
+    with pytest.raises(ValueError, match="'longest' is not one of"):
+        text.padding_boundaries(lengths, "longest")
+
+
+def test_padding_report_counts():
+    rep = text.padding_report([3, 8, 9], [8, 16])
+    assert (rep.real_tokens, rep.padded_tokens, rep.shapes) == (20, 32, 2)
+    assert "62.5% real tokens" in str(rep)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_batch_plan_keeps_every_example_once_in_full_batches(shuffle):
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(2, 60, 1003)
+    bounds = text.choose_boundaries(lengths, 4)
+    idx, widths, weights = text.batch_plan(lengths, bounds, 32, seed=3, shuffle=shuffle)
+    assert idx.shape[1] == 32 and weights.shape == idx.shape and len(widths) == len(idx)
+    real = idx[weights == 1]
+    assert sorted(real.tolist()) == list(range(1003))  # each exactly once
+    assert (weights == 0).sum() == len(idx) * 32 - 1003  # fillers only complete the last batch
+    assert set(widths.tolist()) <= set(bounds)
+    for row, width in zip(idx, widths, strict=True):
+        assert lengths[row].max() <= width  # every row fits its batch's width
+
+
+def test_batch_plan_differs_per_seed_and_is_reproducible():
+    lengths = np.random.default_rng(2).integers(2, 30, 500)
+    a = text.batch_plan(lengths, [8, 16, 32], 16, seed=1)
+    b = text.batch_plan(lengths, [8, 16, 32], 16, seed=1)
+    c = text.batch_plan(lengths, [8, 16, 32], 16, seed=2)
+    assert all((x == y).all() for x, y in zip(a, b, strict=True))
+    assert not (a[0] == c[0]).all()
+
+
+def test_too_small_data_set_is_refused():
+    with pytest.raises(ValueError, match="7 examples, fewer than one global batch of 16"):
+        text.batch_plan([5] * 7, [8], 16)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "8", True])
+def test_bad_per_replica_batch(bad):
+    with pytest.raises(ValueError, match=f"per_replica_batch={bad!r} is not a positive integer"):
+        text.global_batch_size(bad, 8)
+    assert text.global_batch_size(6, 8) == 48
+
+
+def test_max_length_against_the_model_limit():
+    config = SimpleNamespace(max_position_embeddings=512)
+    assert text.check_max_length(128, config) == 128
+    with pytest.raises(ValueError, match="max_length=600 exceeds the model's limit of 512"):
+        text.check_max_length(600, config)
+
+
+def test_load_errors_name_the_split_and_column(fixtures_dir):
+    cola = str(fixtures_dir / "cola")
+    assert text.load_text_dataset(cola)["train"].num_rows == 8551
+    with pytest.raises(ValueError, match="has no split 'test'; it has \\['train', 'validation'\\]"):
+        text.load_text_dataset(cola, splits=("train", "test"))
+    with pytest.raises(
+        ValueError, match="has no column 'text'; its columns are \\['sentence', 'label', 'idx'\\]"
+    ):
+        text.load_text_dataset(cola, columns=("text", "label"))
+    with pytest.raises(ValueError, match="Could not load data set"):
+        text.load_text_dataset(str(fixtures_dir / "no-such-folder"))
+
+
+def test_tf_dataset_batches_match_the_plan():
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 40, 100)
+    split = {
+        "input_ids": [list(range(1, n + 1)) for n in lengths],
+        "length": lengths.tolist(),
+        "label": [n % 2 for n in lengths],
+    }
+    bounds = text.choose_boundaries(lengths, 3)
+    ds = text.make_text_dataset(split, 16, bounds, epochs=2)
+    seen_weight = 0.0
+    for features, labels, weights in ds:
+        ids, mask = features["input_ids"].numpy(), features["attention_mask"].numpy()
+        assert ids.shape[0] == 16 and ids.shape[1] in bounds
+        row_lengths = mask.sum(1)
+        assert (ids[mask == 0] == 0).all() and (ids[:, 0] == 1).all()
+        assert (labels.numpy() == row_lengths % 2).all()  # labels travel with their rows
+        seen_weight += float(tf.reduce_sum(weights))
+    assert seen_weight == 2 * 100
+    assert ds.steps_per_epoch == 7
+
+
+def test_skip_steps_resumes_at_the_same_batch():
+    lengths = list(range(2, 66))
+    split = {
+        "input_ids": [[1] * n for n in lengths],
+        "length": lengths,
+        "label": [0] * len(lengths),
+    }
+    full = [
+        f["attention_mask"].numpy().sum()
+        for f, _, _ in text.make_text_dataset(split, 8, [16, 32, 64], seed=4)
+    ]
+    tail = [
+        f["attention_mask"].numpy().sum()
+        for f, _, _ in text.make_text_dataset(split, 8, [16, 32, 64], seed=4, skip_steps=3)
+    ]
+    assert tail == full[3:]
