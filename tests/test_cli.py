@@ -3,7 +3,9 @@ import sys
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "tpu_helpers", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tpu_helpers", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_doctor_passes_on_the_pinned_stack():
@@ -19,7 +21,9 @@ def test_doctor_exits_non_zero_when_a_check_fails():
         "import os, sys; os.environ['TF_USE_LEGACY_KERAS'] = '0'; import tpu_helpers.__main__ as m; "
         "sys.exit(m.main(['doctor']))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 1
     assert "FAIL  legacy keras: TF_USE_LEGACY_KERAS='0'" in result.stdout
     assert "fix: import tpu_helpers" in result.stdout
@@ -32,5 +36,7 @@ def test_plan_is_empty_on_a_plain_machine():
 
 def test_help_does_not_import_tensorflow():
     code = "import sys, tpu_helpers.__main__ as m\ntry:\n    m.main(['--help'])\nexcept SystemExit:\n    pass\nprint('TF' if 'tensorflow' in sys.modules else 'NO TF')"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert result.stdout.strip().endswith("NO TF")
