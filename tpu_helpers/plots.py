@@ -10,6 +10,7 @@ def plot_history(history: dict, title: str = "training"):
     such as ``loss``/``val_loss`` and ``accuracy``/``val_accuracy``. Returns the figure.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     metrics = [m for m in ("loss", "accuracy") if m in history]
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.2), squeeze=False)
@@ -19,6 +20,7 @@ def plot_history(history: dict, title: str = "training"):
                 values = history[key]
                 ax.plot(range(1, len(values) + 1), values, style, label=key)
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(metric)
         ax.legend()
         ax.grid(alpha=0.3)
