@@ -61,3 +61,22 @@ def test_tracing_count_counts_retraces_per_shape():
     assert tracing_count(f) == 3
     with pytest.raises(TypeError):
         tracing_count(lambda x: x)
+
+
+def test_tracing_count_reads_a_keras_models_train_function():
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Lambda(lambda x: tf.reduce_mean(x, 1, keepdims=True)),
+            tf.keras.layers.Dense(2),
+        ]
+    )
+    model.compile("adam", "mse")
+    with pytest.raises(ValueError, match="call fit first"):
+        tracing_count(model)
+    y = np.zeros((8, 2), np.float32)
+    model.fit(np.zeros((8, 3), np.float32), y, batch_size=4, epochs=2, verbose=0)
+    first = tracing_count(model)
+    model.fit(np.zeros((8, 3), np.float32), y, batch_size=4, epochs=2, verbose=0)
+    assert tracing_count(model) == first >= 1  # same shapes: no new trace
+    model.fit(np.zeros((8, 5), np.float32), y, batch_size=4, verbose=0)
+    assert tracing_count(model) > first  # a new input width is traced again

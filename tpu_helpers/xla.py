@@ -5,7 +5,7 @@
 * ``shape_report``: how many distinct input shapes a dataset produces (each one is a
   separate XLA compilation) and how much of it is padding;
 * ``tracing_count``: how many times a ``tf.function`` (such as Keras' train function)
-  was traced, which is how many programs XLA had to compile for it.
+  was traced.
 """
 
 from __future__ import annotations
@@ -75,9 +75,13 @@ def shape_report(dataset, n: int = 50) -> ShapeReport:
 
 
 def tracing_count(function) -> int:
-    """Times a ``tf.function`` was traced (each trace is one more XLA compilation).
+    """Times a ``tf.function`` was traced.
 
-    Accepts the function or a Keras model (its ``train_function`` after ``fit``).
+    Accepts the function or a Keras model (its ``train_function`` after ``fit``). With
+    fully static input shapes every new shape is a new trace, so this counts compilations.
+    With ``None`` dimensions in the dataset's spec one trace serves every width, while XLA
+    (``jit_compile=True``, or a TPU) still compiles once per concrete shape: count those
+    with ``shape_report``.
     """
     fn = getattr(function, "train_function", function)
     if fn is None:
