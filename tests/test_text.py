@@ -158,3 +158,11 @@ def test_skip_steps_resumes_at_the_same_batch():
         for f, _, _ in text.make_text_dataset(split, 8, [16, 32, 64], seed=4, skip_steps=3)
     ]
     assert tail == full[3:]
+
+
+def test_count_steps_matches_the_plan():
+    lengths = np.random.default_rng(5).integers(2, 60, 777)
+    for seed in range(3):
+        assert text.count_steps(lengths, [16, 32, 64], 32) == len(
+            text.batch_plan(lengths, [16, 32, 64], 32, seed)[0]
+        )

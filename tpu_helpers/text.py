@@ -280,6 +280,11 @@ def batch_plan(
     )
 
 
+def count_steps(lengths: Sequence[int], boundaries: Sequence[int], global_batch: int) -> int:
+    """Batches per epoch that ``batch_plan`` makes (the same for every seed)."""
+    return len(batch_plan(lengths, boundaries, global_batch, shuffle=False)[1])
+
+
 def make_text_dataset(
     split,
     global_batch: int,
@@ -354,7 +359,7 @@ def distribute_text_dataset(
     Accepts ``make_text_dataset``'s keyword arguments (shuffle, seed, epochs, label_column).
     """
     global_batch = global_batch_size(per_replica_batch, strategy.num_replicas_in_sync)
-    steps = len(batch_plan(split["length"], boundaries, global_batch, shuffle=False)[0])
+    steps = count_steps(split["length"], boundaries, global_batch)
 
     def dataset_fn(input_context):
         return make_text_dataset(
