@@ -23,3 +23,28 @@ def test_weights_remove_rows():
 
 def test_majority_rate():
     assert majority_rate([1, 1, 1, 0]) == 0.75
+
+
+def test_predict_classes_scores_every_example_once_in_dataset_order():
+    import numpy as np
+    import tensorflow as tf
+
+    from tpu_helpers import text
+    from tpu_helpers.metrics import predict_classes
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 20, 45)
+    ids = [rng.integers(1, 30, n).tolist() for n in lengths]
+    split = {"input_ids": ids, "length": lengths.tolist(), "label": [int(x[0] > 15) for x in ids]}
+    strategy = tf.distribute.get_strategy()
+    dataset, steps = text.distribute_text_dataset(strategy, split, 8, [8, 24], shuffle=False)
+
+    # Predicts class 1 exactly when the first token is > 15: its predictions equal the labels.
+    def model(features, training=False):
+        first = tf.cast(features["input_ids"][:, :1] > 15, tf.float32)
+        return tf.concat([1 - first, first], axis=1)
+
+    labels, preds, weights = predict_classes(model, dataset, steps, strategy)
+    assert len(labels) == steps * 8 and weights.sum() == 45
+    assert (labels == preds).all()
+    assert sorted(labels[weights == 1].tolist()) == sorted(split["label"])

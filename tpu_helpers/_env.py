@@ -6,7 +6,6 @@ Imported first by ``tpu_helpers/__init__.py``. Kept tiny and free of heavy impor
 from __future__ import annotations
 
 import os
-import sys
 from importlib import metadata
 
 
@@ -47,8 +46,3 @@ def prepare_environment(environ: dict | None = None) -> list[str]:
         env["FORCE_TF_AVAILABLE"] = "1"
         changed.append("FORCE_TF_AVAILABLE")
     return changed
-
-
-def tensorflow_already_imported() -> bool:
-    """True when something imported TensorFlow before us (the flag may then be too late)."""
-    return "tensorflow" in sys.modules

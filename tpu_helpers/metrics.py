@@ -40,6 +40,11 @@ def majority_rate(labels) -> float:
     return float(counts.max() / counts.sum())
 
 
+def logits_of(outputs):
+    """The logits of a model's output: ``.logits`` of a transformers output, else the tensor."""
+    return getattr(outputs, "logits", outputs)
+
+
 def predict_classes(model, dataset, steps: int, strategy):
     """Run ``model`` on ``steps`` batches of ``(features, labels, weights)`` from a dataset
     distributed by ``strategy``; return ``(labels, predictions, weights)`` as flat arrays.
@@ -52,7 +57,7 @@ def predict_classes(model, dataset, steps: int, strategy):
     @tf.function
     def step(features):
         def predict(x):
-            return tf.argmax(model(x, training=False).logits, axis=-1, output_type=tf.int32)
+            return tf.argmax(logits_of(model(x, training=False)), axis=-1, output_type=tf.int32)
 
         return strategy.run(predict, args=(features,))
 

@@ -17,10 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import tpu_helpers._env  # noqa: F401
-
-
-def _logits(outputs):
-    return getattr(outputs, "logits", outputs)
+from tpu_helpers.metrics import logits_of
 
 
 class CustomLoop:
@@ -73,7 +70,7 @@ class CustomLoop:
         import tensorflow as tf
 
         with tf.GradientTape() as tape:
-            logits = _logits(self.model(features, training=True))
+            logits = logits_of(self.model(features, training=True))
             per_example = self.loss_fn(labels, logits) * tf.cast(weights, tf.float32)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch)
         variables = self.model.trainable_variables
@@ -94,7 +91,7 @@ class CustomLoop:
 
     def _eval_step(self, features, labels, weights):
         def step(features, labels, weights):
-            logits = _logits(self.model(features, training=False))
+            logits = logits_of(self.model(features, training=False))
             self.val_loss.update_state(self.loss_fn(labels, logits), sample_weight=weights)
             self.val_accuracy.update_state(labels, logits, sample_weight=weights)
 
