@@ -1,0 +1,307 @@
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import run_python
+from tpu_helpers import records
+from tpu_helpers.records import RecordsError
+
+
+def _proto(row: dict) -> tf.train.Example:
+    feature = {}
+    for name, value in row.items():
+        if isinstance(value, bytes):
+            feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+        elif np.asarray(value).dtype.kind == "f":
+            values = np.asarray(value, np.float32).reshape(-1).tolist()
+            feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=values))
+        else:
+            values = np.asarray(value, np.int64).reshape(-1).tolist()
+            feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+    return tf.train.Example(features=tf.train.Features(feature=feature))
+
+
+def test_encoded_records_equal_protobuf_serialization():
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(400):
+        top = [2, 200, 30000, 2**40, 2**62][i % 5]
+        ids = rng.integers(0, top, rng.integers(0, 40))
+        if i % 9 == 0:
+            ids = np.concatenate([ids, [-1, -100, -(2**63)]])  # negatives take ten bytes
+        rows.append(
+            {
+                "ids": ids,
+                "score": rng.normal(size=i % 4).astype(np.float32),
+                "label": int(rng.integers(0, 3)),
+                "text": b"x" * (i % 300),
+            }
+        )
+    columns = {
+        name: (lambda c: (c[0], c[2], c[3]))(records._as_column(name, [r[name] for r in rows]))
+        for name in rows[0]
+    }
+    encoded = records.encode_examples(columns)
+    assert len(encoded) == len(rows)
+    for row, data in zip(rows, encoded, strict=True):
+        assert tf.train.Example.FromString(data) == _proto(row)
+
+
+def test_varints_match_the_protobuf_rule():
+    values = np.array([0, 1, 127, 128, 300, 16383, 16384, 2**21, 2**35, 2**63 - 1, -1])
+    flat, sizes = records._varint_array(values)
+    expected = [records._varint(int(v) & (2**64 - 1)) for v in values]
+    assert sizes.tolist() == [len(e) for e in expected]
+    assert flat.tobytes() == b"".join(expected)
+
+
+def _fixed_dataset(n=300, width=16, seed=0):
+    from datasets import Dataset
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, 1000, (n, width))
+    return Dataset.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": np.ones((n, width), np.int64),
+            "label": np.arange(n) % 2,
+            "idx": np.arange(n),
+        }
+    )
+
+
+def test_fixed_records_round_trip_on_ram_bucket():
+    data = _fixed_dataset()
+    out = "ram://records-test/fixed"
+    meta = records.write_records(data, out, shard_records=70, source={"tokenizer": "t"})
+    names = [s["file"] for s in meta["shards"]]
+    assert names == [f"train-{i:05d}-of-00005.tfrecord" for i in range(5)]
+    assert [s["num_records"] for s in meta["shards"]] == [70, 70, 70, 70, 20]
+    assert meta["features"]["input_ids"] == {"dtype": "int64", "shape": [16]}
+    assert meta["features"]["label"] == {"dtype": "int64", "shape": []}
+    assert meta["source"] == {"tokenizer": "t"}
+    assert tf.io.gfile.exists(f"{out}/train.metadata.json")
+
+    ds = records.read_records(out, batch_size=32, shuffle=False)
+    assert ds.steps == 300 // 32 and int(ds.cardinality()) == ds.steps
+    seen = []
+    for features, labels in ds:
+        assert features["input_ids"].shape == (32, 16) and features["input_ids"].dtype == tf.int32
+        seen.extend(features["idx"].numpy().tolist())
+        np.testing.assert_array_equal(labels.numpy(), features["idx"].numpy() % 2)
+        row = features["idx"].numpy()[0]
+        np.testing.assert_array_equal(features["input_ids"][0], data[int(row)]["input_ids"])
+    assert len(seen) == len(set(seen)) == 9 * 32
+
+    shuffled = records.read_records(out, batch_size=32, seed=1)
+    order = [int(x) for f, _ in shuffled for x in f["idx"]]
+    assert sorted(order) != order and len(set(order)) == len(order)
+
+
+def test_shards_rotate_at_the_byte_target():
+    data = _fixed_dataset(n=500)
+    meta = records.write_records(data, "ram://records-test/bytes", shard_bytes=4000)
+    assert len(meta["shards"]) > 3
+    assert all(s["bytes"] <= 4000 for s in meta["shards"])
+    assert sum(s["num_records"] for s in meta["shards"]) == meta["num_records"] == 500
+
+
+def test_variable_length_records_are_padded_per_batch(fixtures_dir):
+    from datasets import load_dataset
+    from transformers import AutoTokenizer
+
+    from tpu_helpers import text
+
+    tokenizer = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+    split = text.tokenize(load_dataset(str(fixtures_dir / "cola"))["validation"], tokenizer, 128)
+    out = "ram://records-test/variable"
+    meta = records.write_records(
+        split, out, split="validation", columns=["input_ids", "label"], shard_records=300
+    )
+    assert meta["features"]["input_ids"]["shape"] == [None]
+    source = records.open_records(out)
+    lengths = records.record_lengths(source)
+    assert sorted(lengths.tolist()) == sorted(split["length"])
+
+    widths = text.choose_boundaries(lengths, max_shapes=3)
+    ds = records.read_records(source, 16, boundaries=widths, seed=0)
+    batches = list(ds)
+    assert len(batches) == ds.steps
+    per_width = {w: 0 for w in widths}
+    for features, _ in batches:
+        ids, mask = features["input_ids"].numpy(), features["attention_mask"].numpy()
+        assert ids.shape[0] == 16 and ids.shape[1] in widths
+        assert (
+            ids.shape[1] == widths[0]
+            or (mask.sum(1) > widths[widths.index(ids.shape[1]) - 1]).any()
+        )
+        np.testing.assert_array_equal(mask, ids != 0)
+        per_width[ids.shape[1]] += 1
+    bucket = np.searchsorted(widths, np.minimum(lengths, widths[-1]))
+    assert per_width == {w: int((bucket == i).sum()) // 16 for i, w in enumerate(widths)}
+
+
+def test_any_iterable_with_gzip_and_string_features(tmp_path):
+    rows = ({"text": f"sentence {i}", "label": i % 3, "score": [0.5 * i]} for i in range(50))
+    meta = records.write_records(rows, str(tmp_path), compression="GZIP", shard_records=20)
+    assert [s["file"] for s in meta["shards"]][0] == "train-00000-of-00003.tfrecord.gz"
+    ds = records.read_records(str(tmp_path), 10, shuffle=False)
+    features, labels = next(iter(ds))
+    assert features["text"].numpy()[3] == b"sentence 3"
+    assert features["score"].numpy()[4].tolist() == [2.0]
+    assert labels.numpy().tolist() == [i % 3 for i in range(10)]
+
+
+def test_the_tutorial_file_loads_with_a_hand_written_spec(tmp_path):
+    path = str(tmp_path / "dataset.tfrecords")
+    with tf.io.TFRecordWriter(path) as writer:
+        for i in range(40):
+            writer.write(
+                _proto(
+                    {"input_ids": np.full(128, i), "labels": np.array([i % 2])}
+                ).SerializeToString()
+            )
+    spec = {
+        "input_ids": tf.io.FixedLenFeature((128,), dtype=tf.int64),
+        "labels": tf.io.FixedLenFeature((1,), dtype=tf.int64),
+    }
+    ds = records.read_records(path, 8, spec=spec, label_column="labels", shuffle=False)
+    features, labels = next(iter(ds))
+    assert features["input_ids"].shape == (8, 128) and labels.shape == (8, 1)
+    assert sum(1 for _ in ds) == 5
+
+    with pytest.raises(ValueError, match="no metadata file.*spec="):
+        records.read_records(path, 8)
+    bad = dict(spec, input_ids=tf.io.FixedLenFeature((64,), dtype=tf.int64))
+    with pytest.raises(RecordsError, match="'input_ids'.*128 values.*\\[64\\]"):
+        records.read_records(path, 8, spec=bad, label_column="labels")
+
+
+def test_bad_paths_and_specs_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="No record files match .*nothing-\\*"):
+        records.read_records(str(tmp_path / "nothing-*.tfrecord"), 8, spec={})
+    records.write_records(_fixed_dataset(40), str(tmp_path))
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        records.write_records(_fixed_dataset(40), str(tmp_path))
+    with pytest.raises(RecordsError, match="no label feature 'labels'.*'label'"):
+        records.read_records(str(tmp_path), 8, label_column="labels")
+    with pytest.raises(RecordsError, match="differs from the one the records were written"):
+        records.read_records(
+            str(tmp_path), 8, spec={"input_ids": {"dtype": "int64", "shape": [32]}}
+        )
+    with pytest.raises(ValueError, match="batch_size=0"):
+        records.read_records(str(tmp_path), 0)
+
+
+def _write_shards(tmp_path, n=200):
+    meta = records.write_records(_fixed_dataset(n), str(tmp_path), shard_records=50)
+    return [str(tmp_path / s["file"]) for s in meta["shards"]]
+
+
+def test_truncated_shard_is_caught_before_training(tmp_path):
+    shards = _write_shards(tmp_path)
+    data = open(shards[2], "rb").read()
+    open(shards[2], "wb").write(data[: len(data) // 2])
+    with pytest.raises(RecordsError, match="train-00002-of-00004.tfrecord has .* truncated"):
+        records.read_records(str(tmp_path), 10)
+
+
+def test_corrupt_shard_is_named_and_can_be_skipped(tmp_path, capsys):
+    shards = _write_shards(tmp_path)
+    data = bytearray(open(shards[1], "rb").read())
+    data[len(data) // 2] ^= 0xFF  # same size, broken CRC
+    open(shards[1], "wb").write(bytes(data))
+
+    problems = records.verify_records(str(tmp_path))
+    assert len(problems) == 1 and "train-00001-of-00004.tfrecord" in problems[0]
+    assert "corrupted record at" in problems[0]
+
+    ds = records.read_records(str(tmp_path), 10, on_corrupt="skip", shuffle=False)
+    out = capsys.readouterr().out
+    assert "skipped 1 corrupt shard(s), 50 records not read" in out
+    assert "train-00001-of-00004" in out
+    idx = [int(x) for f, _ in ds for x in f["idx"]]
+    assert ds.steps == 15 and sorted(idx) == [i for i in range(200) if not 50 <= i < 100]
+
+
+def test_metadata_that_disagrees_with_the_files(tmp_path):
+    shards = _write_shards(tmp_path)
+    extra = shards[0].replace("00000-of-00004", "00009-of-00004")
+    tf.io.gfile.copy(shards[0], extra)
+    with pytest.raises(RecordsError, match="does not list"):
+        records.read_records(str(tmp_path), 10)
+    tf.io.gfile.remove(extra)
+    tf.io.gfile.remove(shards[3])
+    with pytest.raises(RecordsError, match="missing from .*train-00003-of-00004"):
+        records.read_records(str(tmp_path), 10)
+    _write_shards(tmp_path / "count")
+    meta_file = tmp_path / "count" / "train.metadata.json"
+    meta = json.loads(meta_file.read_text())
+    meta["num_records"] = 250
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(RecordsError, match="says 250 records but its shards add up to 200"):
+        records.read_records(str(tmp_path / "count"), 10)
+
+
+def test_too_few_shards_for_the_input_pipelines(tmp_path):
+    _write_shards(tmp_path)  # 4 shards
+    context = tf.distribute.InputContext(num_input_pipelines=8, input_pipeline_id=0)
+    with pytest.raises(RecordsError, match="4 shard\\(s\\) cannot feed 8 input pipelines"):
+        records.read_records(str(tmp_path), 10, input_context=context)
+    context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=2)
+    ds = records.read_records(str(tmp_path), 10, input_context=context, shuffle=False)
+    # pipeline 2 reads shard 2 only; all pipelines stop after the shortest one's batches
+    idx = [int(x) for f, _ in ds for x in f["idx"]]
+    assert ds.steps == 5 and set(idx) <= set(range(100, 150))
+
+
+def test_a_failed_write_leaves_nothing(tmp_path):
+    def rows():
+        for i in range(5000):
+            if i == 4500:
+                raise RuntimeError("source broke")
+            yield {"input_ids": [i, i + 1], "label": 0}
+
+    with pytest.raises(RuntimeError, match="source broke"):
+        records.write_records(rows(), str(tmp_path), shard_records=1000, chunk_size=500)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_memory_stays_flat_as_the_data_grows(tmp_path):
+    def rows(n):
+        rng = np.random.default_rng(0)
+        for i in range(n):
+            yield {"input_ids": rng.integers(0, 30000, 128), "label": i % 2}
+
+    def peak(n, folder):
+        tracemalloc.start()
+        records.write_records(rows(n), str(folder), chunk_size=1000, progress=False)
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return top
+
+    small, large = peak(2000, tmp_path / "small"), peak(20000, tmp_path / "large")
+    assert large < 1.3 * small, (small, large)
+
+
+def test_distribute_records_under_two_replicas(tmp_path):
+    records.write_records(_fixed_dataset(200), str(tmp_path), shard_records=40)
+    result = run_python(
+        f"""
+        import tpu_helpers
+        from tpu_helpers import records
+        strategy = tpu_helpers.connect(simulated_replicas=2)
+        ds, steps = records.distribute_records(strategy, {str(tmp_path)!r}, 8, shuffle=False)
+        n = 0
+        for features, labels in ds:
+            parts = strategy.experimental_local_results(features["input_ids"])
+            assert [p.shape.as_list() for p in parts] == [[8, 16], [8, 16]], parts
+            n += 1
+        print("steps", steps, n)
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "steps 12 12" in result.stdout

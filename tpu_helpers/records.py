@@ -1,0 +1,968 @@
+"""TFRecord shards: write a tokenized data set once, stream it to every TPU host.
+
+Writing (``write_records``) streams the examples in chunks, so memory stays flat however
+large the data set is, and encodes each chunk's ``tf.train.Example`` protos with numpy
+(building one proto object per example in Python is what makes the usual loop slow).
+Shards rotate at a byte size (default 100 MB, the TPU guide's advice) or a record count,
+are named ``train-00003-of-00016.tfrecord``, and one ``train.metadata.json`` beside them
+records the feature spec, the record count of every shard and where the data came from.
+The metadata is written last: a write that stops half-way leaves no data set that looks
+complete.
+
+Reading (``read_records``) takes that metadata (or a folder, or files and a hand-written
+spec), shuffles the file order, interleaves the files, shuffles records, batches the raw
+records and parses each batch with one vectorized ``tf.io.parse_example``, and asserts
+the number of batches from the recorded counts. Variable-length token sequences are padded
+per batch to the narrowest of a few widths, chosen when training, not when writing.
+
+Every path goes through ``tf.io.gfile``: a local folder, ``gs://bucket/prefix`` or
+``ram://`` all work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+import tpu_helpers._env  # noqa: F401
+
+FORMAT = "tpu_helpers.records/1"
+DEFAULT_SHARD_BYTES = 100 * 1024 * 1024
+_DTYPES = ("int64", "float32", "bytes")
+
+
+# --- the tf.train.Example wire format --------------------------------------------------
+# Example{features=1: Features{feature=1 (map entry: key=1, value=2): Feature{
+#   bytes_list=1 | float_list=2 | int64_list=3: XList{value=1 (packed for numbers)}}}}
+_LIST_TAG = {"bytes": b"\x0a", "float32": b"\x12", "int64": b"\x1a"}
+_SMALL = [bytes([n]) if n < 128 else bytes([(n & 0x7F) | 0x80, n >> 7]) for n in range(16384)]
+
+
+def _varint(n: int) -> bytes:
+    if n < 16384:
+        return _SMALL[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _varint_array(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Protobuf varints of int64 ``values``: (all bytes concatenated, byte count of each
+    as uint8)."""
+    v = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64).reshape(-1)
+    if v.size == 0:
+        return np.zeros(0, np.uint8), np.zeros(0, np.uint8)
+    top = int(v.max())
+    width = max(1, (top.bit_length() + 6) // 7)  # bytes of the largest value
+    if width == 1:
+        return v.astype(np.uint8), np.ones(v.size, np.uint8)
+    if top < 1 << 32:  # token ids and lengths: half the memory traffic
+        v = v.astype(np.uint32)
+    out = np.empty((v.size, width), np.uint8)
+    keep = np.empty((v.size, width), np.bool_)  # byte k exists
+    keep[:, 0] = True
+    nbytes = np.ones(v.size, np.uint8)
+    for k in range(width):
+        byte = ((v >> (7 * k)) & 0x7F).astype(np.uint8)
+        if k < width - 1:
+            more = v >= (1 << (7 * (k + 1)))  # another byte follows
+            byte |= more.view(np.uint8) << 7
+            keep[:, k + 1] = more
+            nbytes += more
+        out[:, k] = byte
+    return out.reshape(-1)[keep.reshape(-1)], nbytes
+
+
+def _interleave(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Row ``i`` of the result is row ``i`` of every piece, concatenated in order.
+
+    Each piece is ``(flat bytes, bytes per row)`` or, for the same bytes in every row,
+    ``(bytes, None)``. Returns ``(flat bytes, bytes per row)``.
+    """
+    rows = next(len(c) for _, c in pieces if c is not None)
+    counts = np.stack([np.full(rows, len(f)) if c is None else c for f, c in pieces])
+    row_lengths = counts.sum(axis=0)
+    # where each piece of each row starts in the output
+    offsets = np.cumsum(counts, axis=0) - counts + (np.cumsum(row_lengths) - row_lengths)
+    out = np.empty(int(row_lengths.sum()), np.uint8)
+    for (flat, count), offset in zip(pieces, offsets, strict=True):
+        if count is None:  # constant bytes: one strided write per byte
+            for j, byte in enumerate(flat):
+                out[offset + j] = byte
+        elif flat.size:
+            out[np.arange(flat.size) + np.repeat(offset - (np.cumsum(count) - count), count)] = flat
+    return out, row_lengths
+
+
+def _const(value: bytes, rows: int) -> tuple[bytes, None]:
+    return value, None
+
+
+def _varints(lengths: np.ndarray, where: np.ndarray | None = None):
+    flat, nbytes = _varint_array(lengths)
+    nbytes = nbytes.astype(np.int64)
+    if where is None:
+        return flat, nbytes
+    return flat[np.repeat(where, nbytes)], np.where(where, nbytes, 0)
+
+
+def _size(nbytes_of: np.ndarray) -> np.ndarray:
+    return _varint_array(nbytes_of)[1].astype(np.int64)
+
+
+def _payload(dtype: str, flat, row_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The packed values of each row (numbers) or its length-prefixed strings (bytes)."""
+    if dtype == "int64":
+        data, nbytes = _varint_array(np.asarray(flat))
+        if row_lengths.size and row_lengths.min() == row_lengths.max() > 0:  # fixed shape
+            return data, nbytes.reshape(len(row_lengths), -1).sum(axis=1, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(row_lengths)])
+        ends = np.concatenate([[0], np.cumsum(nbytes, dtype=np.int64)])[starts]
+        return data, np.diff(ends)
+    if dtype == "float32":
+        return np.asarray(flat, dtype="<f4").view(np.uint8).reshape(-1), row_lengths * 4
+    rows, pos = [], 0
+    for n in row_lengths.tolist():
+        rows.append(b"".join(b"\x0a" + _varint(len(x)) + x for x in flat[pos : pos + n]))
+        pos += n
+    return np.frombuffer(b"".join(rows), np.uint8), np.array([len(r) for r in rows], np.int64)
+
+
+def encode_examples(columns: Mapping[str, tuple[str, object, np.ndarray]]) -> list[bytes]:
+    """Serialized ``tf.train.Example`` records for a chunk of rows.
+
+    ``columns`` maps a feature name to ``(dtype, flat values, row lengths)``. The bytes
+    parse with ``tf.io.parse_example`` and ``tf.train.Example.FromString`` exactly like
+    those of ``tf.train.Example(...).SerializeToString()``; they are built for the whole
+    chunk at once with numpy instead of one proto object per example.
+    """
+    rows = len(next(iter(columns.values()))[2])
+    pieces, body = [], np.zeros(rows, np.int64)
+    for name, (dtype, flat, lengths) in columns.items():
+        data, plen = _payload(dtype, flat, np.asarray(lengths, np.int64))
+        # numbers are one packed field (tag, size, values) unless empty; strings are
+        # already their own fields (tag, size, bytes each)
+        has = plen > 0 if dtype != "bytes" else np.zeros(rows, np.bool_)
+        inner = np.where(has, 1 + _size(plen) + plen, plen)
+        feature = 1 + _size(inner) + inner
+        key = name.encode()
+        head = b"\x0a" + _varint(len(key)) + key + b"\x12"
+        entry = len(head) + _size(feature) + feature
+        body += 1 + _size(entry) + entry
+        pieces += [
+            _const(b"\x0a", rows),
+            _varints(entry),
+            _const(head, rows),
+            _varints(feature),
+            _const(_LIST_TAG[dtype], rows),
+            _varints(inner),
+            (np.full(int(has.sum()), 0x0A, np.uint8), has.astype(np.int64)),
+            _varints(plen, where=has),
+            (data, plen),
+        ]
+    flat, record_lengths = _interleave([_const(b"\x0a", rows), _varints(body), *pieces])
+    buf = flat.tobytes()
+    ends = np.cumsum(record_lengths).tolist()
+    return [buf[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+# --- feature specs -------------------------------------------------------------------
+@dataclass
+class _Column:
+    """What the writer learns about one feature while streaming."""
+
+    dtype: str
+    scalar: bool
+    lengths: Counter
+
+    def spec(self) -> dict:
+        if self.scalar:
+            shape: list = []
+        elif len(self.lengths) == 1:
+            shape = [next(iter(self.lengths))]
+        else:
+            shape = [None]
+        spec = {"dtype": self.dtype, "shape": shape}
+        if shape == [None]:
+            spec["min_length"], spec["max_length"] = min(self.lengths), max(self.lengths)
+        return spec
+
+
+def _dtype_of(values: np.ndarray, name: str) -> str:
+    if values.dtype.kind in "iub":
+        return "int64"
+    if values.dtype.kind == "f":
+        return "float32"
+    if values.dtype.kind in "SUO":
+        return "bytes"
+    raise TypeError(
+        f"Column {name!r} has dtype {values.dtype}, which a tf.train.Example cannot hold."
+        " Fix: convert it to integers, floats or bytes, or leave it out with columns=[...]."
+    )
+
+
+def _as_column(name: str, values) -> tuple[str, bool, object, np.ndarray]:
+    """``(dtype, scalar, flat values, row lengths)`` of one column of a chunk."""
+    if isinstance(values, _Lists):
+        flat = values.flat
+        if isinstance(flat, list):
+            flat = [x.encode() if isinstance(x, str) else bytes(x) for x in flat]
+            return "bytes", False, flat, values.lengths
+        return _dtype_of(np.asarray(flat), name), False, flat, values.lengths
+    if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype != object:
+        return _dtype_of(values, name), True, values, np.ones(len(values), np.int64)
+    first = values[0] if len(values) else None
+    if isinstance(first, (str, bytes)) or not hasattr(first, "__len__"):
+        scalar = True
+        if isinstance(first, (str, bytes)):
+            flat = [v.encode() if isinstance(v, str) else bytes(v) for v in values]
+            return "bytes", True, flat, np.ones(len(flat), np.int64)
+        arr = np.asarray(values)
+        return _dtype_of(arr, name), scalar, arr.reshape(-1), np.ones(len(arr), np.int64)
+    if isinstance(values, np.ndarray) and values.dtype != object:  # rectangular already
+        arr = values.reshape(len(values), -1)
+        return _dtype_of(arr, name), False, arr.reshape(-1), np.full(len(arr), arr.shape[1])
+    rows = [np.asarray(v) for v in values]
+    lengths = np.array([r.size for r in rows], np.int64)
+    nonempty = [r.reshape(-1) for r in rows if r.size]
+    if nonempty and nonempty[0].dtype.kind in "SUO":
+        flat = [x.encode() if isinstance(x, str) else bytes(x) for r in nonempty for x in r]
+        return "bytes", False, flat, lengths
+    flat = np.concatenate(nonempty) if nonempty else np.zeros(0, np.int64)
+    return _dtype_of(flat, name), False, flat, lengths
+
+
+def _from_arrow(column):
+    """A column of an Arrow table as ``_as_column`` takes it: ``(flat, row lengths)`` for
+    a list column, else a numpy array or a Python list of strings."""
+    import pyarrow as pa
+
+    column = column.combine_chunks()
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        if column.null_count:
+            raise ValueError("A list column has missing (null) rows. Fix: fill or drop them.")
+        offsets = column.offsets.to_numpy()
+        values = column.values.slice(offsets[0], offsets[-1] - offsets[0])
+        if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+            values = values.flatten()  # nested lists: [rows, a, b] -> rows of a*b values
+            per_row = np.diff(offsets) * (len(values) // max(1, offsets[-1] - offsets[0]))
+        else:
+            per_row = np.diff(offsets)
+        flat = (
+            values.to_pylist()
+            if pa.types.is_binary(values.type) or pa.types.is_string(values.type)
+            else values.to_numpy(zero_copy_only=False)
+        )
+        return _Lists(flat, per_row.astype(np.int64))
+    if pa.types.is_binary(column.type) or pa.types.is_string(column.type):
+        return column.to_pylist()
+    return column.to_numpy(zero_copy_only=False)
+
+
+@dataclass
+class _Lists:
+    """A chunk of a list column: all values in one array, and each row's count."""
+
+    flat: object
+    lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+def _chunks(examples, chunk_size: int, columns: Sequence[str] | None):
+    """Dicts of column -> list, ``chunk_size`` rows at a time, from a ``datasets.Dataset``
+    or any iterable of dicts."""
+    if hasattr(examples, "iter") and hasattr(examples, "column_names"):  # datasets.Dataset
+        names = list(columns or examples.column_names)
+        missing = [c for c in names if c not in examples.column_names]
+        if missing:
+            raise ValueError(
+                f"The data set has no column {missing[0]!r}; its columns are"
+                f" {examples.column_names}. Fix: pass columns=[...] from those."
+            )
+        # Arrow batches: list columns become (values, row lengths) without a per-row step
+        for table in examples.select_columns(names).with_format("arrow").iter(chunk_size):
+            yield {name: _from_arrow(table.column(name)) for name in names}
+        return
+    batch: dict[str, list] = {}
+    count = 0
+    for row in examples:
+        names = list(columns or row)
+        for c in names:
+            if c not in row:
+                raise ValueError(f"Example {count} has no column {c!r}; it has {sorted(row)}.")
+            batch.setdefault(c, []).append(row[c])
+        count += 1
+        if count % chunk_size == 0:
+            yield batch
+            batch = {}
+    if batch:
+        yield batch
+
+
+# --- writing -------------------------------------------------------------------------
+def shard_name(split: str, index: int, total: int, compression: str | None = None) -> str:
+    """``train-00003-of-00016.tfrecord`` (``.gz`` added for GZIP)."""
+    suffix = ".tfrecord.gz" if compression == "GZIP" else ".tfrecord"
+    return f"{split}-{index:05d}-of-{total:05d}{suffix}"
+
+
+def metadata_path(output_dir: str, split: str) -> str:
+    return f"{output_dir.rstrip('/')}/{split}.metadata.json"
+
+
+def write_records(
+    examples: Iterable,
+    output_dir: str,
+    split: str = "train",
+    columns: Sequence[str] | None = None,
+    shard_bytes: int | None = DEFAULT_SHARD_BYTES,
+    shard_records: int | None = None,
+    compression: str | None = None,
+    source: Mapping | None = None,
+    chunk_size: int = 4096,
+    total: int | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Write ``examples`` (a ``datasets.Dataset`` or an iterable of dicts) as sharded
+    ``tf.train.Example`` records under ``output_dir``; return the metadata written.
+
+    Rows are read ``chunk_size`` at a time; each column becomes a feature (``columns``
+    picks them). Lists of equal length become fixed-shape features, lists of varying
+    length variable-length ones (with their length histogram in the metadata, so the
+    reader can choose padding widths without a pass over the data). A new shard starts
+    when the current one would pass ``shard_bytes``, or every ``shard_records`` records if
+    that is given. ``compression`` is ``None`` or ``"GZIP"``. ``source`` (tokenizer, max
+    length, data set name ...) is stored in the metadata as given.
+    """
+    import tensorflow as tf
+    from tqdm.auto import tqdm
+
+    if compression not in (None, "GZIP"):
+        raise ValueError(f"compression={compression!r}: use None or 'GZIP'.")
+    if shard_records is not None and shard_records < 1:
+        raise ValueError(f"shard_records={shard_records} must be a positive number of records.")
+    if shard_records is None and (shard_bytes is None or shard_bytes < 1):
+        raise ValueError(f"shard_bytes={shard_bytes} must be a positive size in bytes.")
+    output_dir = output_dir.rstrip("/")
+    meta_file = metadata_path(output_dir, split)
+    existing = tf.io.gfile.glob(f"{output_dir}/{split}-*-of-*.tfrecord*")
+    if tf.io.gfile.exists(meta_file) or existing:
+        if not overwrite:
+            raise FileExistsError(
+                f"{output_dir} already holds records of split {split!r}"
+                f" ({len(existing)} shard(s)). Fix: another output_dir or split, or"
+                " overwrite=True to replace them."
+            )
+        for path in existing + ([meta_file] if tf.io.gfile.exists(meta_file) else []):
+            tf.io.gfile.remove(path)
+    tf.io.gfile.makedirs(output_dir)
+    if total is None and hasattr(examples, "__len__"):
+        total = len(examples)
+
+    options = tf.io.TFRecordOptions(compression_type=compression or "")
+    pending: list[tuple[str, int]] = []  # (temporary path, records)
+    info: dict[str, _Column] = {}
+    shard_lengths: list[dict[str, Counter]] = []
+    writer, in_shard, shard_size = None, 0, 0
+
+    def open_shard():
+        nonlocal writer, in_shard, shard_size
+        path = f"{output_dir}/{split}-{len(pending):05d}.tfrecord.incomplete"
+        pending.append((path, 0))
+        shard_lengths.append({})
+        writer, in_shard, shard_size = tf.io.TFRecordWriter(path, options), 0, 0
+
+    def close_shard():
+        nonlocal writer
+        if writer is not None:
+            writer.close()
+            pending[-1] = (pending[-1][0], in_shard)
+            writer = None
+
+    bar = tqdm(total=total, unit="ex", desc=f"write {split}", disable=not progress)
+    written = 0
+    try:
+        for chunk in _chunks(examples, chunk_size, columns):
+            encoded = {}
+            for name, values in chunk.items():
+                dtype, scalar, flat, lengths = _as_column(name, values)
+                known = info.get(name)
+                if known is None:
+                    known = info[name] = _Column(dtype, scalar, Counter())
+                elif (known.dtype, known.scalar) != (dtype, scalar):
+                    raise ValueError(
+                        f"Column {name!r} changes type at row {written}: {known.dtype}"
+                        f"{'' if known.scalar else ' list'} before, {dtype}"
+                        f"{'' if scalar else ' list'} now. Fix: cast the column to one type."
+                    )
+                encoded[name] = (dtype, flat, lengths)
+            if set(encoded) != set(info):
+                raise ValueError(
+                    f"Rows from {written} have columns {sorted(encoded)}, earlier rows"
+                    f" {sorted(info)}. Fix: give every example the same columns."
+                )
+            records = encode_examples(encoded)
+            ends = np.cumsum([len(r) + 16 for r in records])  # + length and two CRCs
+            shard_of = np.empty(len(records), np.int64)
+            pos = 0
+            while pos < len(records):
+                if shard_records is not None:
+                    room = shard_records - in_shard if writer is not None else 0
+                    take = min(room, len(records) - pos)
+                else:
+                    done = ends[pos - 1] if pos else 0
+                    room = shard_bytes - shard_size if writer is not None else 0
+                    take = int(np.searchsorted(ends, done + room, side="right")) - pos
+                    if take == 0 and writer is not None and in_shard == 0:
+                        take = 1  # one record larger than a shard gets a shard of its own
+                if take <= 0:
+                    close_shard()
+                    open_shard()
+                    continue
+                write = writer.write
+                for record in records[pos : pos + take]:
+                    write(record)
+                in_shard += take
+                shard_size += int(ends[pos + take - 1] - (ends[pos - 1] if pos else 0))
+                shard_of[pos : pos + take] = len(pending) - 1
+                pos += take
+            for name, (_, _, lengths) in encoded.items():
+                if info[name].scalar:
+                    continue
+                for shard in np.unique(shard_of).tolist():
+                    values, counts = np.unique(lengths[shard_of == shard], return_counts=True)
+                    histogram = dict(zip(values.tolist(), counts.tolist(), strict=True))
+                    shard_lengths[shard].setdefault(name, Counter()).update(histogram)
+                    info[name].lengths.update(histogram)
+            written += len(records)
+            bar.update(len(records))
+        close_shard()
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        for path, _ in pending:
+            if tf.io.gfile.exists(path):
+                tf.io.gfile.remove(path)
+        raise
+    finally:
+        bar.close()
+    if not written:
+        raise ValueError("There were no examples to write. Fix: check the data set or split.")
+
+    shards = []
+    for index, (path, count) in enumerate(pending):
+        final = f"{output_dir}/{shard_name(split, index, len(pending), compression)}"
+        tf.io.gfile.rename(path, final, overwrite=True)
+        entry = {
+            "file": final.rsplit("/", 1)[-1],
+            "num_records": count,
+            "bytes": tf.io.gfile.stat(final).length,
+        }
+        variable = {
+            name: {str(k): v for k, v in sorted(c.items())}
+            for name, c in shard_lengths[index].items()
+            if info[name].spec()["shape"] == [None]
+        }
+        if variable:
+            entry["lengths"] = variable
+        shards.append(entry)
+    metadata = {
+        "format": FORMAT,
+        "split": split,
+        "num_records": written,
+        "compression": compression,
+        "features": {name: col.spec() for name, col in info.items()},
+        "shards": shards,
+        "source": dict(source or {}),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    with tf.io.gfile.GFile(meta_file, "w") as f:
+        json.dump(metadata, f, indent=1)
+    return metadata
+
+
+# --- reading -------------------------------------------------------------------------
+class RecordsError(ValueError):
+    """Records and their metadata disagree, or a shard is corrupt."""
+
+
+def _spec_to_tf(features: Mapping[str, Mapping]) -> dict:
+    import tensorflow as tf
+
+    tf_dtype = {"int64": tf.int64, "float32": tf.float32, "bytes": tf.string}
+    spec = {}
+    for name, f in features.items():
+        if f["dtype"] not in _DTYPES:
+            raise RecordsError(f"Feature {name!r} has dtype {f['dtype']!r}, not one of {_DTYPES}.")
+        shape = list(f["shape"])
+        if shape == [None]:
+            spec[name] = tf.io.RaggedFeature(tf_dtype[f["dtype"]], row_splits_dtype=tf.int32)
+        else:
+            spec[name] = tf.io.FixedLenFeature(shape, tf_dtype[f["dtype"]])
+    return spec
+
+
+def load_metadata(path: str) -> dict:
+    """The metadata of a record set: ``path`` is the JSON file or the folder holding one
+    (a folder with several splits needs the file)."""
+    import tensorflow as tf
+
+    path = path.rstrip("/")
+    if tf.io.gfile.isdir(path):
+        found = tf.io.gfile.glob(f"{path}/*.metadata.json")
+        if len(found) != 1:
+            raise FileNotFoundError(
+                f"{path} holds {len(found)} metadata files"
+                f" ({[p.rsplit('/', 1)[-1] for p in found]}). Fix: pass the path of one"
+                " <split>.metadata.json, or files= and spec= for records without metadata."
+            )
+        path = found[0]
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f"{path} does not exist. Fix: check the path or bucket.")
+    with tf.io.gfile.GFile(path) as f:
+        metadata = json.load(f)
+    if metadata.get("format") != FORMAT:
+        raise RecordsError(f"{path} is not a {FORMAT} metadata file.")
+    metadata["_dir"] = path.rsplit("/", 1)[0]
+    return metadata
+
+
+@dataclass
+class Shard:
+    path: str
+    num_records: int | None
+    lengths: dict | None = None
+
+
+def _metadata_shards(metadata: dict, check_sizes: bool) -> list[Shard]:
+    """The shards the metadata lists, checked against the folder (missing, extra, size)."""
+    import tensorflow as tf
+
+    folder, split = metadata["_dir"], metadata["split"]
+    listed = {s["file"] for s in metadata["shards"]}
+    present = {p.rsplit("/", 1)[-1] for p in tf.io.gfile.glob(f"{folder}/{split}-*-of-*.tfrecord*")}
+    missing, extra = sorted(listed - present), sorted(present - listed)
+    if missing:
+        raise RecordsError(
+            f"{len(missing)} shard(s) listed in {split}.metadata.json are missing from"
+            f" {folder}: {missing[:3]}. Fix: copy the whole folder again."
+        )
+    if extra:
+        raise RecordsError(
+            f"{folder} holds shard(s) {extra[:3]} that {split}.metadata.json does not list"
+            " (left from another write?). Fix: remove them or write the split again."
+        )
+    counted = sum(s["num_records"] for s in metadata["shards"])
+    if counted != metadata["num_records"]:
+        raise RecordsError(
+            f"{split}.metadata.json says {metadata['num_records']} records but its shards"
+            f" add up to {counted}. Fix: write the split again."
+        )
+    shards = []
+    for s in metadata["shards"]:
+        path = f"{folder}/{s['file']}"
+        if check_sizes and "bytes" in s:
+            size = tf.io.gfile.stat(path).length
+            if size != s["bytes"]:
+                raise RecordsError(
+                    f"{path} has {size:,} bytes, the metadata says {s['bytes']:,}: the shard is"
+                    " truncated or was replaced. Fix: copy it again, or"
+                    " on_corrupt='skip' to train without it."
+                )
+        shards.append(Shard(path, s["num_records"], s.get("lengths")))
+    return shards
+
+
+def scan_shard(path: str, compression: str | None = None) -> tuple[int, str | None]:
+    """Read every record of one shard (checking CRCs): ``(records read, error or None)``."""
+    import tensorflow as tf
+
+    count = 0
+    ds = tf.data.TFRecordDataset(path, compression_type=compression or "").batch(1024)
+    try:
+        for batch in ds:
+            count += int(batch.shape[0])
+    except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as err:
+        return count, err.message.split("\n")[0]
+    return count, None
+
+
+def verify_records(path: str) -> list[str]:
+    """Read every shard of a record set and return its problems (empty when sound):
+    corrupt or truncated shards with the error TensorFlow gives (it names the offset),
+    and record counts that differ from the metadata."""
+    metadata = load_metadata(path)
+    problems = []
+    for shard in _metadata_shards(metadata, check_sizes=False):
+        count, error = scan_shard(shard.path, metadata.get("compression"))
+        if error:
+            problems.append(f"{shard.path}: {error} (after {count} good records)")
+        elif count != shard.num_records:
+            problems.append(f"{shard.path}: {count} records, the metadata says {shard.num_records}")
+    return problems
+
+
+@dataclass
+class RecordSource:
+    """The files, parsing spec and counts a reader works from."""
+
+    shards: list[Shard]
+    features: dict
+    compression: str | None
+    skipped: list[str]
+    skipped_records: int
+
+    @property
+    def num_records(self) -> int | None:
+        counts = [s.num_records for s in self.shards]
+        return None if None in counts else sum(counts)
+
+
+def open_records(
+    source: str | Sequence[str],
+    spec: Mapping | None = None,
+    compression: str | None = None,
+    on_corrupt: str = "raise",
+) -> RecordSource:
+    """Resolve ``source`` (a metadata file, a folder with one, a glob or a list of files)
+    into shards and a feature spec, checking them before any training step.
+
+    ``spec`` is required for files without metadata (``{"input_ids": {"dtype": "int64",
+    "shape": [128]}, ...}``) and, with metadata, must agree with it. ``on_corrupt="skip"``
+    reads every shard once, leaves out the corrupt ones and reports the records lost.
+    """
+    import tensorflow as tf
+
+    if on_corrupt not in ("raise", "skip"):
+        raise ValueError(f"on_corrupt={on_corrupt!r}: use 'raise' or 'skip'.")
+    metadata = None
+    if isinstance(source, str) and (
+        source.endswith(".metadata.json")
+        or (tf.io.gfile.isdir(source) and tf.io.gfile.glob(f"{source.rstrip('/')}/*.metadata.json"))
+    ):
+        metadata = load_metadata(source)
+    if metadata is not None:
+        shards = _metadata_shards(metadata, check_sizes=on_corrupt == "raise")
+        features = metadata["features"]
+        compression = metadata.get("compression")
+        if spec is not None and _normalise(spec) != _normalise(features):
+            raise RecordsError(
+                f"The spec given ({_normalise(spec)}) differs from the one the records were"
+                f" written with ({_normalise(features)}). Fix: leave spec out to use the"
+                " metadata's."
+            )
+    else:
+        if isinstance(source, str) and tf.io.gfile.isdir(source):
+            pattern = f"{source.rstrip('/')}/*.tfrecord*"
+            files = sorted(tf.io.gfile.glob(pattern))
+        elif isinstance(source, str):
+            pattern, files = source, sorted(tf.io.gfile.glob(source))
+        else:
+            pattern, files = str(list(source)), list(source)
+            absent = [f for f in files if not tf.io.gfile.exists(f)]
+            if absent:
+                raise FileNotFoundError(f"{absent[0]} does not exist. Fix: check the path.")
+        if not files:
+            raise FileNotFoundError(
+                f"No record files match {pattern}. Fix: check the path (gs:// paths need the"
+                " bucket name), or write the records first with write_records."
+            )
+        if spec is None:
+            raise ValueError(
+                f"{pattern} has no metadata file, so the feature spec is unknown. Fix: pass"
+                " spec={'input_ids': {'dtype': 'int64', 'shape': [128]}, ...}."
+            )
+        features = _normalise(spec)
+        shards = [Shard(f, None) for f in files]
+    skipped, lost = [], 0
+    if on_corrupt == "skip":
+        good = []
+        for shard in shards:
+            count, error = scan_shard(shard.path, compression)
+            if error or (shard.num_records is not None and count != shard.num_records):
+                skipped.append(
+                    f"{shard.path}: {error or f'{count} records, not {shard.num_records}'}"
+                )
+                lost += shard.num_records if shard.num_records is not None else count
+            else:
+                good.append(Shard(shard.path, count, shard.lengths))
+        if skipped:
+            print(
+                f"records: skipped {len(skipped)} corrupt shard(s), {lost:,} records not read:\n  "
+                + "\n  ".join(skipped)
+            )
+        if not good:
+            raise RecordsError("Every shard is corrupt. Fix: write the records again.")
+        shards = good
+    _check_first_record(shards[0].path, features, compression)
+    return RecordSource(shards, features, compression, skipped, lost)
+
+
+def _normalise(spec: Mapping) -> dict:
+    import tensorflow as tf
+
+    out = {}
+    for name, f in spec.items():
+        if isinstance(f, tf.io.FixedLenFeature):
+            dtype = {tf.int64: "int64", tf.float32: "float32", tf.string: "bytes"}[f.dtype]
+            out[name] = {"dtype": dtype, "shape": list(f.shape)}
+        else:
+            out[name] = {"dtype": f["dtype"], "shape": list(f["shape"])}
+    return out
+
+
+def _check_first_record(path: str, features: dict, compression: str | None) -> None:
+    """Parse one record with the spec, so a wrong spec fails here and names the feature."""
+    import tensorflow as tf
+
+    first = list(tf.data.TFRecordDataset(path, compression_type=compression or "").take(1))
+    if not first:
+        return
+    example = tf.train.Example.FromString(first[0].numpy()).features.feature
+    for name, f in features.items():
+        if name not in example:
+            raise RecordsError(
+                f"The records in {path} have no feature {name!r}; they have"
+                f" {sorted(example)}. Fix: correct the spec."
+            )
+        kind = example[name].WhichOneof("kind")
+        want = {"int64": "int64_list", "float32": "float_list", "bytes": "bytes_list"}[f["dtype"]]
+        if kind != want:
+            raise RecordsError(
+                f"Feature {name!r} in {path} is a {kind}, the spec says {f['dtype']}."
+                " Fix: correct the spec's dtype."
+            )
+        size = len(getattr(example[name], kind).value)
+        expected = math.prod(f["shape"]) if None not in f["shape"] else None
+        if expected is not None and size != expected:
+            raise RecordsError(
+                f"Feature {name!r} in {path} has {size} values, the spec's shape"
+                f" {f['shape']} needs {expected}. Fix: correct the spec's shape."
+            )
+
+
+def _length_histogram(source: RecordSource, feature: str) -> Counter | None:
+    total: Counter = Counter()
+    for shard in source.shards:
+        if not shard.lengths or feature not in shard.lengths:
+            return None
+        total.update({int(k): v for k, v in shard.lengths[feature].items()})
+    return total
+
+
+def record_lengths(source: RecordSource, feature: str = "input_ids") -> np.ndarray:
+    """Every record's length of a variable-length ``feature``, from the metadata's
+    histograms (no pass over the data): feed it to ``text.choose_boundaries``."""
+    hist = _length_histogram(source, feature)
+    if hist is None:
+        raise RecordsError(f"The metadata has no length histogram for {feature!r}.")
+    return np.repeat(np.array(list(hist), np.int64), list(hist.values()))
+
+
+def read_records(
+    source: str | Sequence[str] | RecordSource,
+    batch_size: int,
+    label_column: str | None = "label",
+    boundaries: Sequence[int] | None = None,
+    shuffle: bool = True,
+    seed: int | None = None,
+    shuffle_buffer: int = 8192,
+    parallel_reads: int | None = None,
+    input_context=None,
+    spec: Mapping | None = None,
+    on_corrupt: str = "raise",
+    repeat: bool = False,
+    steps_multiple: int = 1,
+):
+    """A ``tf.data.Dataset`` of ``(features, labels)`` batches of exactly ``batch_size``
+    rows from TFRecord shards (see ``open_records`` for ``source``, ``spec``, ``on_corrupt``).
+
+    Fixed-shape features: records are batched, then parsed in one ``parse_example``.
+    Variable-length features are padded per batch to the narrowest of ``boundaries``
+    (from ``text.choose_boundaries(record_lengths(...))``; default: the longest record);
+    an ``attention_mask`` is added when the records have none. Integers become int32.
+
+    ``parallel_reads``: files read at once (default 8 for ``gs://``-like paths, 1 for
+    local ones, where parallel reading measured no faster). With ``input_context`` (from
+    ``strategy.distribute_datasets_from_function``) each input pipeline reads its own
+    files and ``batch_size`` is that pipeline's batch. The number of batches is asserted
+    from the metadata and is on the dataset as ``steps``.
+    """
+    import tensorflow as tf
+
+    from tpu_helpers.storage import is_remote
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
+    if not isinstance(source, RecordSource):
+        source = open_records(source, spec=spec, on_corrupt=on_corrupt)
+    shards = source.shards
+    pipelines, pipeline = 1, 0
+    if input_context is not None:
+        pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
+    if len(shards) < pipelines:
+        raise RecordsError(
+            f"{len(shards)} shard(s) cannot feed {pipelines} input pipelines: each host reads"
+            f" whole files. Fix: write the records again with shard_records="
+            f"{max(1, (source.num_records or pipelines) // (4 * pipelines))} (4 shards per"
+            " host or more)."
+        )
+    variable = [n for n, f in source.features.items() if f["shape"] == [None]]
+    if label_column is not None and label_column not in source.features:
+        raise RecordsError(
+            f"The records have no label feature {label_column!r}; they have"
+            f" {sorted(source.features)}. Fix: pass label_column= one of those, or None."
+        )
+    if variable and pipelines > 1:
+        raise RecordsError(
+            "Variable-length records padded per batch would give each host its own widths,"
+            " and all TPU replicas of a step need one shape. Fix: write fixed-length records"
+            " (padding='max_length') for multi-host training."
+        )
+    mine = shards[pipeline::pipelines]
+    files = [s.path for s in mine]
+    tf_spec = _spec_to_tf(source.features)
+
+    steps = None
+    if all(s.num_records is not None for s in shards):
+        counts = [sum(s.num_records for s in shards[p::pipelines]) for p in range(pipelines)]
+        steps = min(c // batch_size for c in counts) // steps_multiple * steps_multiple
+        if steps == 0:
+            raise ValueError(
+                f"{counts[pipeline]} records make no full batch of {batch_size}. Fix: a"
+                " smaller batch."
+            )
+    if variable:
+        hist = _length_histogram(RecordSource(mine, source.features, None, [], 0), variable[0])
+        top = boundaries[-1] if boundaries else None
+        if top is None:
+            top = max(hist) if hist else None
+            if top is None:
+                raise ValueError("Pass boundaries= for variable-length records without metadata.")
+        widths = list(boundaries or [top])
+        steps = None
+        if hist is not None:
+            per_width = Counter()
+            for length, n in hist.items():
+                per_width[int(np.searchsorted(widths, min(length, widths[-1])))] += n
+            steps = sum(n // batch_size for n in per_width.values())
+
+    if parallel_reads is None:
+        parallel_reads = 8 if is_remote(files[0]) else 1
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if shuffle:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+    ds = ds.interleave(
+        lambda f: tf.data.TFRecordDataset(f, compression_type=source.compression or ""),
+        cycle_length=max(1, min(parallel_reads, len(files))),
+        **(
+            {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": not shuffle}
+            if parallel_reads > 1
+            else {}
+        ),
+    )
+    if shuffle:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+
+    def to_model(parsed):
+        out = {}
+        for name, value in parsed.items():
+            if value.dtype == tf.int64:
+                value = tf.cast(value, tf.int32)
+            out[name] = value
+        if label_column is None:
+            return out
+        labels = out.pop(label_column)
+        return out, labels
+
+    if not variable:
+        ds = ds.batch(batch_size, drop_remainder=True)
+        ds = ds.map(lambda r: to_model(tf.io.parse_example(r, tf_spec)), tf.data.AUTOTUNE)
+    else:
+        key = variable[0]
+        ds = ds.batch(256).map(lambda r: tf.io.parse_example(r, tf_spec), tf.data.AUTOTUNE)
+        ds = ds.unbatch()
+
+        def clip(example):
+            return {n: (v[: widths[-1]] if n in variable else v) for n, v in example.items()}
+
+        ds = ds.map(clip, tf.data.AUTOTUNE)
+        ds = ds.bucket_by_sequence_length(
+            lambda ex: tf.shape(ex[key])[0],
+            bucket_boundaries=[w + 1 for w in widths],
+            bucket_batch_sizes=[batch_size] * (len(widths) + 1),
+            pad_to_bucket_boundary=True,
+            drop_remainder=True,
+        )
+
+        def with_mask(batch):
+            if "attention_mask" not in batch:
+                batch = dict(batch)
+                batch["attention_mask"] = tf.cast(batch[key] != 0, tf.int64)
+            return to_model(batch)
+
+        ds = ds.map(with_mask, tf.data.AUTOTUNE)
+    if steps is not None and not repeat:
+        if pipelines > 1 or steps_multiple > 1:
+            ds = ds.take(steps)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.OFF
+        if input_context is not None
+        else tf.data.experimental.AutoShardPolicy.FILE
+    )
+    ds = ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+    ds.steps = steps
+    return ds
+
+
+def distribute_records(strategy, source, per_replica_batch: int, **kwargs):
+    """``read_records`` for every replica of ``strategy``. Returns ``(distributed dataset,
+    steps per epoch)``.
+
+    Fixed-shape records go through ``distribute_datasets_from_function``: each input
+    pipeline (host) reads its own shards and makes per-replica batches, and every pipeline
+    stops after the same number of steps. Variable-length records are read as global
+    batches that the strategy splits, so all replicas of a step share one width.
+    """
+    from tpu_helpers.text import global_batch_size
+
+    global_batch = global_batch_size(per_replica_batch, strategy.num_replicas_in_sync)
+    if not isinstance(source, RecordSource):
+        source = open_records(
+            source, spec=kwargs.pop("spec", None), on_corrupt=kwargs.pop("on_corrupt", "raise")
+        )
+    if any(f["shape"] == [None] for f in source.features.values()):
+        ds = read_records(source, global_batch, **kwargs)
+        return strategy.experimental_distribute_dataset(ds), ds.steps
+    steps = {}
+
+    def dataset_fn(input_context):
+        local = strategy.num_replicas_in_sync // input_context.num_input_pipelines
+        ds = read_records(
+            source,
+            input_context.get_per_replica_batch_size(global_batch),
+            input_context=input_context,
+            steps_multiple=local,
+            **kwargs,
+        )
+        steps["per_pipeline"] = None if ds.steps is None else ds.steps // local
+        return ds
+
+    dist = strategy.distribute_datasets_from_function(dataset_fn)
+    return dist, steps.get("per_pipeline")
