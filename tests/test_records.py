@@ -305,3 +305,16 @@ def test_distribute_records_under_two_replicas(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "steps 12 12" in result.stdout
+
+
+def test_attention_mask_comes_from_lengths_not_token_values(tmp_path):
+    # id 0 is a real token for some tokenizers (RoBERTa's <s>): the mask must not hide it
+    rows = [{"input_ids": [0] * (1 + i % 5), "label": i % 2} for i in range(40)]
+    records.write_records(rows, str(tmp_path))
+    ds = records.read_records(str(tmp_path), 4, boundaries=[2, 5], shuffle=False)
+    for features, _ in ds:
+        lengths = features["attention_mask"].numpy().sum(axis=1)
+        assert set(lengths) <= {1, 2, 3, 4, 5} and lengths.min() >= 1
+    assert sum(int(f["attention_mask"].numpy().sum()) for f, _ in ds) == sum(
+        min(1 + i % 5, 5) for i in range(40)
+    )

@@ -790,15 +790,22 @@ def read_records(
     rows from TFRecord shards (see ``open_records`` for ``source``, ``spec``, ``on_corrupt``).
 
     Fixed-shape features: records are batched, then parsed in one ``parse_example``.
-    Variable-length features are padded per batch to the narrowest of ``boundaries``
-    (from ``text.choose_boundaries(record_lengths(...))``; default: the longest record);
-    an ``attention_mask`` is added when the records have none. Integers become int32.
+    Shuffling: the file order every epoch, and the records in blocks of ``shuffle_buffer``
+    (each block randomly permuted in one op; a per-record shuffle buffer cost a third of
+    the throughput). Write shards from data that is not sorted by label.
 
-    ``parallel_reads``: files read at once (default 8 for ``gs://``-like paths, 1 for
-    local ones, where parallel reading measured no faster). With ``input_context`` (from
+    Variable-length features are padded (with 0) per batch to the narrowest of
+    ``boundaries`` (from ``text.choose_boundaries(record_lengths(...))``; default: the
+    longest record); an ``attention_mask`` is added when the records have none. Integers
+    become int32.
+
+    ``parallel_reads``: files read at once (default 8 for ``gs://``-like paths, where each
+    read waits on the network; 1 for local ones, where interleaving files measured slower,
+    see ``benchmarks/records.py``). With ``input_context`` (from
     ``strategy.distribute_datasets_from_function``) each input pipeline reads its own
-    files and ``batch_size`` is that pipeline's batch. The number of batches is asserted
-    from the metadata and is on the dataset as ``steps``.
+    files, and all pipelines stop after the same number of batches (a multiple of
+    ``steps_multiple``). The number of batches is asserted from the metadata (no pass over
+    the data) and is on the dataset as ``steps``.
     """
     import tensorflow as tf
 
@@ -866,17 +873,16 @@ def read_records(
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
     if repeat:
         ds = ds.repeat()
-    ds = ds.interleave(
-        lambda f: tf.data.TFRecordDataset(f, compression_type=source.compression or ""),
-        cycle_length=max(1, min(parallel_reads, len(files))),
-        **(
-            {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": not shuffle}
-            if parallel_reads > 1
-            else {}
-        ),
-    )
-    if shuffle:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    compression = source.compression or ""
+    if parallel_reads > 1:
+        ds = ds.interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+            cycle_length=min(parallel_reads, len(files)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=not shuffle,
+        )
+    else:
+        ds = tf.data.TFRecordDataset(ds, compression_type=compression)
 
     def to_model(parsed):
         out = {}
@@ -890,15 +896,23 @@ def read_records(
         return out, labels
 
     if not variable:
-        ds = ds.batch(batch_size, drop_remainder=True)
+        if shuffle:  # permute blocks of records: one vectorized op instead of one per record
+            ds = ds.batch(shuffle_buffer).map(lambda block: tf.random.shuffle(block, seed=seed))
+            ds = ds.rebatch(batch_size, drop_remainder=True)
+        else:
+            ds = ds.batch(batch_size, drop_remainder=True)
         ds = ds.map(lambda r: to_model(tf.io.parse_example(r, tf_spec)), tf.data.AUTOTUNE)
     else:
         key = variable[0]
+        if shuffle:  # bucketing needs single records anyway
+            ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
         ds = ds.batch(256).map(lambda r: tf.io.parse_example(r, tf_spec), tf.data.AUTOTUNE)
         ds = ds.unbatch()
 
         def clip(example):
-            return {n: (v[: widths[-1]] if n in variable else v) for n, v in example.items()}
+            out = {n: (v[: widths[-1]] if n in variable else v) for n, v in example.items()}
+            out["_length"] = tf.shape(out[key])[0]
+            return out
 
         ds = ds.map(clip, tf.data.AUTOTUNE)
         ds = ds.bucket_by_sequence_length(
@@ -910,9 +924,11 @@ def read_records(
         )
 
         def with_mask(batch):
+            batch = dict(batch)
+            length = batch.pop("_length")
             if "attention_mask" not in batch:
-                batch = dict(batch)
-                batch["attention_mask"] = tf.cast(batch[key] != 0, tf.int64)
+                width = tf.shape(batch[key])[1]
+                batch["attention_mask"] = tf.sequence_mask(length, width, dtype=tf.int32)
             return to_model(batch)
 
         ds = ds.map(with_mask, tf.data.AUTOTUNE)

@@ -1,0 +1,248 @@
+"""TFRecord writing and reading on CPU: the tutorial's code against ``tpu_helpers.records``.
+
+    python benchmarks/records.py [--repeats 5]
+
+Data: the CoLA-like fixture's 8,551 training sentences, tokenized with the tiny
+DistilBERT fixture's tokenizer and padded to 128, as in the tutorial. Every figure is the
+best of ``--repeats`` runs, all measured side by side in this one process (the memory
+figures in two child processes).
+
+* writer: the tutorial's loop (one ``tf.train.Example`` per example) against
+  ``write_records``; also the unpadded, variable-length records and their size;
+* reader (counted inside the TF runtime, as ``fit`` consumes a dataset): iterating the
+  raw records with no parsing (the ceiling), the tutorial's
+  ``map(decode_fn)`` then ``batch``, and ``read_records`` (batch, then one vectorized
+  ``parse_example``), with sequential and parallel file reads on a local disk and on
+  ``ram://``;
+* memory: peak resident memory added while writing the set and a 10x larger one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from tpu_helpers import records  # noqa: E402  (sets the Keras flag before TF loads)
+
+BATCH = 32
+
+
+def load(fixtures: Path):
+    from datasets import Dataset, load_dataset
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(fixtures / "tiny-distilbert"))
+    split = load_dataset(str(fixtures / "cola"))["train"]
+    sentences, labels = list(split["sentence"]), np.asarray(split["label"])
+    enc = tokenizer(
+        sentences, padding="max_length", truncation=True, max_length=128, return_tensors="np"
+    )
+    padded = Dataset.from_dict(
+        {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "label": labels}
+    )
+    unpadded = Dataset.from_dict(
+        {
+            "input_ids": tokenizer(sentences, truncation=True, max_length=128)["input_ids"],
+            "label": labels,
+        }
+    )
+    return enc, labels, padded, unpadded
+
+
+def tutorial_write(enc, labels, path):
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(path) as file_writer:
+        for i in range(len(labels)):
+            features = {
+                "input_ids": tf.train.Feature(
+                    int64_list=tf.train.Int64List(value=enc["input_ids"][i])
+                ),
+                "attention_mask": tf.train.Feature(
+                    int64_list=tf.train.Int64List(value=enc["attention_mask"][i])
+                ),
+                "labels": tf.train.Feature(int64_list=tf.train.Int64List(value=[labels[i]])),
+            }
+            example = tf.train.Example(features=tf.train.Features(feature=features))
+            file_writer.write(example.SerializeToString())
+
+
+def best(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def folder_bytes(path):
+    import tensorflow as tf
+
+    return sum(tf.io.gfile.stat(p).length for p in tf.io.gfile.glob(f"{path}/*.tfrecord*"))
+
+
+def iterate(ds):
+    """Examples in ``ds``, counted inside the TensorFlow runtime (as ``fit`` consumes a
+    dataset), so Python's per-batch cost is not part of any figure."""
+    import tensorflow as tf
+
+    def rows(batch):
+        first = batch[0] if isinstance(batch, tuple) else batch
+        if isinstance(first, dict):
+            first = next(iter(first.values()))
+        return tf.shape(first, out_type=tf.int64)[0]
+
+    return int(ds.reduce(tf.constant(0, tf.int64), lambda n, batch: n + rows(batch)))
+
+
+def memory_child(scale: int, fixtures: str) -> None:
+    """Child process: write ``scale`` copies of the padded set, print the added peak RSS."""
+    import psutil
+    from datasets import concatenate_datasets
+
+    _, _, padded, _ = load(Path(fixtures))
+    data = concatenate_datasets([padded] * scale)  # Arrow tables shared, not copied
+    with tempfile.TemporaryDirectory() as out:
+        records.write_records(padded.select(range(100)), f"{out}/warm", progress=False)
+        before = psutil.Process().memory_info().rss
+        records.write_records(data, f"{out}/data", progress=False)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"rows": len(data), "before": before, "peak": peak}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures"))
+    parser.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        return memory_child(args.memory_child, args.fixtures)
+
+    import tensorflow as tf
+
+    from tpu_helpers.fixtures import build_fixtures
+
+    build_fixtures(Path(args.fixtures), verbose=False)
+    enc, labels, padded, unpadded = load(Path(args.fixtures))
+    n = len(labels)
+    tmp = tempfile.mkdtemp(prefix="records-bench-")
+    print(f"CoLA-like set: {n:,} examples, padded to 128; best of {args.repeats} runs\n")
+
+    # --- writer
+    tut_file = f"{tmp}/dataset.tfrecords"
+    t_tut = best(lambda: tutorial_write(enc, labels, tut_file), args.repeats)
+
+    def ours(data, out, **kw):
+        return lambda: records.write_records(data, out, overwrite=True, progress=False, **kw)
+
+    t_ours = best(ours(padded, f"{tmp}/padded"), args.repeats)
+    t_gzip = best(ours(padded, f"{tmp}/gzip", compression="GZIP"), args.repeats)
+    t_var = best(ours(unpadded, f"{tmp}/var"), args.repeats)
+    size_tut = os.path.getsize(tut_file)
+    rows = [
+        ("tutorial loop, padded to 128", t_tut, size_tut),
+        ("write_records, padded to 128", t_ours, folder_bytes(f"{tmp}/padded")),
+        ("write_records, padded, GZIP", t_gzip, folder_bytes(f"{tmp}/gzip")),
+        ("write_records, unpadded", t_var, folder_bytes(f"{tmp}/var")),
+    ]
+    print("| writer | examples/s | vs tutorial | MB on disk |\n|---|---|---|---|")
+    for name, t, size in rows:
+        print(f"| {name} | {n / t:,.0f} | {t_tut / t:.1f}x | {size / 1e6:.1f} |")
+
+    # --- reader
+    shard_dirs = {}
+    for kind, base in (("local", f"{tmp}/sharded"), ("ram://", "ram://bench/sharded")):
+        records.write_records(padded, base, shard_records=n // 16 + 1, progress=False)
+        shard_dirs[kind] = base
+    files = sorted(tf.io.gfile.glob(f"{shard_dirs['local']}/*.tfrecord"))
+
+    def raw():
+        return tf.data.TFRecordDataset(files).batch(BATCH)
+
+    def tutorial_read():
+        def decode_fn(sample):
+            features = {
+                "input_ids": tf.io.FixedLenFeature((128,), dtype=tf.int64),
+                "attention_mask": tf.io.FixedLenFeature((128,), dtype=tf.int64),
+                "labels": tf.io.FixedLenFeature((1,), dtype=tf.int64),
+            }
+            return tf.io.parse_example(sample, features)
+
+        ds = tf.data.TFRecordDataset([tut_file]).map(decode_fn)
+        ds = ds.shuffle(n).batch(BATCH, drop_remainder=True)
+        return ds.apply(tf.data.experimental.assert_cardinality(n // BATCH))
+
+    def ours_read(kind, parallel):
+        return lambda: records.read_records(
+            shard_dirs[kind], BATCH, seed=0, parallel_reads=parallel
+        )
+
+    readers = [
+        ("raw records, no parsing (ceiling), local", raw),
+        ("tutorial map(decode_fn) + batch, local", tutorial_read),
+        ("read_records, local, 1 file at a time", ours_read("local", 1)),
+        ("read_records, local, 8 files in parallel", ours_read("local", 8)),
+        ("read_records, ram://, 1 file at a time", ours_read("ram://", 1)),
+        ("read_records, ram://, 8 files in parallel", ours_read("ram://", 8)),
+    ]
+    rates = {}
+    for name, make in readers:
+        ds = make()
+        iterate(ds)  # warm the page cache and trace the functions
+        count = iterate(ds)
+        rates[name] = count / best(lambda ds=ds: iterate(ds), args.repeats)
+    ceiling = rates[readers[0][0]]
+    tut_rate = rates[readers[1][0]]
+    print("\n| reader (batch 32) | examples/s | of raw rate | vs tutorial |\n|---|---|---|---|")
+    for name, rate in rates.items():
+        print(f"| {name} | {rate:,.0f} | {rate / ceiling:.0%} | {rate / tut_rate:.1f}x |")
+
+    # --- memory
+    print("\n| writing | examples | peak RSS added while writing |\n|---|---|---|")
+    added = {}
+    for scale in (1, 10):
+        out = (
+            subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--memory-child",
+                    str(scale),
+                    "--fixtures",
+                    args.fixtures,
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        m = json.loads(out)
+        added[scale] = max(0, m["peak"] - m["before"])
+        print(
+            f"| {scale}x the set | {m['rows']:,} | {added[scale] / 2**20:.1f} MiB"
+            f" (of {m['peak'] / 2**20:.0f} MiB peak) |"
+        )
+    print(
+        f"\n10x / 1x peak process memory: see the table; added memory ratio"
+        f" {added[10] / max(added[1], 1):.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
