@@ -341,7 +341,10 @@ def make_text_dataset(
         batch = tf.gather(ragged, idx)
         ids = batch.to_tensor(shape=[rows, width])
         mask = tf.sequence_mask(batch.row_lengths(), width, dtype=tf.int32)
-        return {"input_ids": ids, "attention_mask": mask}, tf.gather(labels, idx), weight
+        # the batch dimension is static (a TPU needs it); the width is one of boundaries
+        ids, mask = tf.ensure_shape(ids, [rows, None]), tf.ensure_shape(mask, [rows, None])
+        labels_ = tf.ensure_shape(tf.gather(labels, idx), [rows])
+        return {"input_ids": ids, "attention_mask": mask}, labels_, tf.ensure_shape(weight, [rows])
 
     ds = tf.data.Dataset.from_tensor_slices((indices, widths, weights))
     ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

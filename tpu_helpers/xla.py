@@ -5,7 +5,9 @@
 * ``shape_report``: how many distinct input shapes a dataset produces (each one is a
   separate XLA compilation) and how much of it is padding;
 * ``tracing_count``: how many times a ``tf.function`` (such as Keras' train function)
-  was traced.
+  was traced;
+* ``preflight``: a model and dataset checked against the TPU's rules on any machine,
+  including one training step compiled with XLA on a CPU.
 """
 
 from __future__ import annotations
@@ -94,3 +96,336 @@ def tracing_count(function) -> int:
     if inner is None:
         raise TypeError(f"{fn!r} is not a tf.function.")
     return int(inner())
+
+
+# --- preflight -------------------------------------------------------------------------
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of a preflight report."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        line = f"{self.status}  {self.name}: {self.detail}"
+        return line + (f"\n      fix: {self.fix}" if self.fix and self.status != PASS else "")
+
+
+class PreflightError(RuntimeError):
+    """A preflight check failed; the message is the whole report."""
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    checks: tuple
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != FAIL for c in self.checks)
+
+    @property
+    def failures(self) -> list:
+        return [c for c in self.checks if c.status == FAIL]
+
+    def __getitem__(self, name: str) -> Check:
+        for check in self.checks:
+            if check.name == name:
+                return check
+        raise KeyError(name)
+
+    def __str__(self) -> str:
+        head = "preflight: " + (
+            "ready for a TPU" if self.ok else f"{len(self.failures)} check(s) failed"
+        )
+        return "\n".join([head, *(str(c) for c in self.checks)])
+
+
+# Error text from TensorFlow / XLA -> (rule, fix)
+_TRANSLATIONS = (
+    (
+        "as a Python `bool`",
+        "rule 1, no Python `if`/`while` on a tensor's value",
+        "compute both results and pick with tf.where(cond, a, b), or use tf.cond with"
+        " branches of the same shape",
+    ),
+    (
+        "must be a compile-time constant",
+        "rule 2, no shapes that depend on values",
+        "keep shapes fixed: pad to a fixed width and multiply by a 0/1 mask instead of"
+        " slicing or boolean indexing",
+    ),
+    (
+        "Detected unsupported operations",
+        "an op XLA cannot compile (it runs only on the host CPU)",
+        "move it into the tf.data pipeline (strings, tokenization, py_function,"
+        " numpy_function) so the training step sees numbers only",
+    ),
+)
+
+
+def translate_xla_error(error: BaseException) -> tuple[str, str, str]:
+    """``(rule broken, offending op or "", fix)`` for an error raised while compiling."""
+    import re
+
+    text = str(error)
+    op = re.search(r"on XLA_\w+: (\w+)", text) or re.search(r"op (\w+) must be", text)
+    op_name = op.group(1) if op else ""
+    for needle, rule, fix in _TRANSLATIONS:
+        if needle in text:
+            return rule, op_name, fix
+    return (
+        f"XLA could not compile the step ({type(error).__name__})",
+        op_name,
+        (text.strip().splitlines()[0][:300] if text.strip() else "see the error above"),
+    )
+
+
+def _dynamic_ops(hlo: str) -> list[str]:
+    """Op types of HLO instructions whose shape is only bounded (``f32[<=12]``)."""
+    import re
+
+    ops = []
+    for line in hlo.splitlines():
+        shape = re.match(r"\s*(?:ROOT\s+)?%\S+\s+=\s+(\S+)", line)  # "%x = f32[<=12] op(..."
+        if shape and "<=" in shape.group(1):
+            found = re.search(r'op_type="([^"]+)"', line)
+            if found and found.group(1) not in ops:
+                ops.append(found.group(1))
+    return ops
+
+
+def _single_device_copy(model, features):
+    """A fresh copy of ``model`` with variables on one CPU device (XLA on CPU cannot
+    compile across the logical devices of a simulated multi-replica strategy)."""
+    import tensorflow as tf
+
+    with tf.device("/CPU:0"):
+        config = getattr(model, "config", None)
+        if config is not None and hasattr(type(model), "from_pretrained"):
+            copy = type(model)(config)
+        else:
+            copy = tf.keras.models.clone_model(model)
+        copy(features, training=False)
+    return copy
+
+
+def _loss_fn(model, copy):
+    import tensorflow as tf
+
+    loss = getattr(model, "loss", None)
+    if isinstance(loss, str):
+        loss = tf.keras.losses.get(loss)
+    if loss is not None and callable(loss):
+        return lambda y, logits, w: loss(y, logits, sample_weight=w)
+    if hasattr(copy, "hf_compute_loss"):
+        return lambda y, logits, w: tf.reduce_mean(copy.hf_compute_loss(y, logits))
+    sce = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return lambda y, logits, w: sce(y, logits, sample_weight=w)
+
+
+def _split(element):
+    if isinstance(element, tuple):
+        return (
+            element[0],
+            (element[1] if len(element) > 1 else None),
+            (element[2] if len(element) > 2 else None),
+        )
+    return element, None, None
+
+
+def _compile_checks(model, batches, train_step) -> list[Check]:
+    import numpy as np
+    import tensorflow as tf
+
+    first = batches[0]
+    same = [b for b in batches[1:] if _shapes_of(b) == _shapes_of(first)]
+    # a second batch of the same shapes with other values: rows of the first, reversed
+    second = same[0] if same else tf.nest.map_structure(lambda t: t[::-1], first)
+    try:
+        if train_step is None:
+            features = _split(first)[0]
+            copy = _single_device_copy(model, features)
+            loss_fn = _loss_fn(model, copy)
+
+            def train_step(x, *rest):
+                y, w = (list(rest) + [None, None])[:2]
+                with tf.GradientTape() as tape:
+                    out = copy(x, training=True)
+                    logits = getattr(out, "logits", out)
+                    loss = loss_fn(y, logits, w) if y is not None else tf.reduce_mean(logits)
+                grads = tape.gradient(loss, copy.trainable_variables)
+                return loss, [tf.convert_to_tensor(g) for g in grads if g is not None]
+
+        step = tf.function(train_step, jit_compile=True)
+        with tf.device("/CPU:0"):
+            hlo_a = step.experimental_get_compiler_ir(*first)(stage="hlo")
+            hlo_b = step.experimental_get_compiler_ir(*second)(stage="hlo")
+            result = step(*first)
+            loss = result[0] if isinstance(result, (tuple, list)) else result
+    except Exception as err:  # noqa: BLE001  (every compile error is translated and reported)
+        rule, op, fix = translate_xla_error(err)
+        detail = rule + (f" (op {op})" if op else "")
+        return [Check("compiles with XLA", FAIL, detail, fix)]
+    checks = [
+        Check(
+            "compiles with XLA",
+            PASS if np.all(np.isfinite(loss)) else FAIL,
+            "one training step compiled and ran (jit_compile=True, one CPU device)",
+            "the loss is not finite: check the labels and the learning setup",
+        )
+    ]
+    dynamic = _dynamic_ops(hlo_a)
+    checks.append(
+        Check(
+            "static shapes inside the step",
+            FAIL if dynamic else PASS,
+            f"shapes that depend on values, from ops {dynamic} (rule 2)"
+            if dynamic
+            else "every intermediate shape is fixed",
+            "replace boolean indexing / tf.where(cond) / data-dependent slicing with a 0/1"
+            " mask that keeps the shape (see masked_sparse_crossentropy)",
+        )
+    )
+    checks.append(
+        Check(
+            "program independent of the data",
+            PASS if hlo_a == hlo_b else FAIL,
+            "two batches of one shape compile to the same program"
+            if hlo_a == hlo_b
+            else "two batches of one shape compiled to different programs: a tensor value was"
+            " used where XLA needs a constant (a shape, a range, a Python int or if)"
+            " (rules 1 and 2); a TPU would refuse it or recompile for every batch",
+            "derive shapes from static sizes (x.shape), not from values (tf.reduce_sum, ...);"
+            " use tf.where / masks instead of Python control flow on values",
+        )
+    )
+    return checks
+
+
+def _shapes_of(element) -> tuple:
+    import tensorflow as tf
+
+    return tuple(tuple(t.shape) for t in tf.nest.flatten(element))
+
+
+def preflight(
+    model,
+    dataset,
+    strategy=None,
+    batches: int = 20,
+    max_shapes: int = 8,
+    max_padding: float = 0.5,
+    compile_step: bool = True,
+    train_step=None,
+    raise_on_failure: bool = True,
+) -> PreflightReport:
+    """Check a model and a ``tf.data`` dataset against what a TPU needs, on any machine.
+
+    Reads the first ``batches`` batches and checks: the batch dimension is static
+    (``drop_remainder=True``); the global batch divides across ``strategy``'s replicas;
+    dtypes a TPU takes (no strings, no float64); how many distinct input shapes there are
+    (each is one XLA compilation; more than ``max_shapes`` fails) and the padding share;
+    and, with ``compile_step``, that one training step (``model``'s loss, or your own
+    ``train_step(features, labels, weights)``) compiles with ``jit_compile=True`` on one CPU
+    device, with no value-dependent shapes and the same program for two batches of one
+    shape. A compile error is translated into the rule it breaks.
+
+    Prints nothing; returns the report (``str(report)`` is the PASS/FAIL listing) and,
+    with ``raise_on_failure``, raises ``PreflightError`` carrying it when a check fails.
+    Call it outside ``strategy.scope()``; pass the dataset before ``strategy``
+    distributes it.
+    """
+    import tensorflow as tf
+
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            f"preflight needs a tf.data.Dataset, got {type(dataset).__name__}. Fix: pass the"
+            " dataset before strategy.experimental_distribute_dataset / distribute_*."
+        )
+    if tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy():
+        raise RuntimeError(
+            "preflight builds a one-device copy of the model: call it outside strategy.scope()."
+        )
+    checks: list[Check] = []
+    specs = tf.nest.flatten(dataset.element_spec)
+    unknown_batch = [s for s in specs if s.shape.rank and s.shape[0] is None]
+    checks.append(
+        Check(
+            "static batch size",
+            FAIL if unknown_batch else PASS,
+            "the batch dimension is unknown (a last, smaller batch is possible)"
+            if unknown_batch
+            else "every batch has the same number of rows",
+            "batch with drop_remainder=True (or fill the last batch, as text.batch_plan does)",
+        )
+    )
+    taken = list(dataset.take(batches))
+    if not taken:
+        raise ValueError("The dataset is empty. Fix: check its source.")
+    rows = int(tf.nest.flatten(taken[0])[0].shape[0])
+    if strategy is not None:
+        replicas = strategy.num_replicas_in_sync
+        sizes = sorted({int(tf.nest.flatten(b)[0].shape[0]) for b in taken})
+        bad = [n for n in sizes if n % replicas]
+        checks.append(
+            Check(
+                "batch divides across replicas",
+                FAIL if bad else PASS,
+                f"global batch {sizes if len(sizes) > 1 else rows} over {replicas} replicas"
+                + (f": {bad[0]} % {replicas} = {bad[0] % replicas}" if bad else ""),
+                f"a global batch that is a multiple of {replicas}: per-replica batch x"
+                f" {replicas} (text.global_batch_size)",
+            )
+        )
+    bad_dtypes = sorted({f"{s.dtype.name}" for s in specs if s.dtype in (tf.string, tf.float64)})
+    checks.append(
+        Check(
+            "dtypes",
+            FAIL if bad_dtypes else PASS,
+            f"{bad_dtypes} reach the model"
+            if bad_dtypes
+            else f"{sorted({s.dtype.name for s in specs})}",
+            "strings: tokenize/decode in the pipeline; float64: cast to float32 (or bfloat16)",
+        )
+    )
+    report = shape_report(_ListDataset(taken), n=len(taken))
+    checks.append(
+        Check(
+            "few input shapes",
+            FAIL if report.distinct > max_shapes else PASS,
+            f"{report.distinct} distinct shape(s) in the first {report.batches} batches;"
+            " each one is a separate XLA compilation",
+            f"pad to at most {max_shapes} fixed widths (text.padding_boundaries(lengths,"
+            " 'buckets')) instead of padding each batch to its longest row",
+        )
+    )
+    if report.padding_fraction is not None:
+        checks.append(
+            Check(
+                "padding",
+                WARN if report.padding_fraction > max_padding else PASS,
+                f"{report.padding_fraction:.0%} of the input tokens are padding",
+                "choose the widths from the length histogram (text.choose_boundaries)",
+            )
+        )
+    if compile_step:
+        checks.extend(_compile_checks(model, taken, train_step))
+    result = PreflightReport(tuple(checks))
+    if raise_on_failure and not result.ok:
+        raise PreflightError(str(result))
+    return result
+
+
+class _ListDataset:
+    """The few batches preflight already read, with the ``take`` that shape_report uses."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def take(self, n):
+        return self.items[:n]
