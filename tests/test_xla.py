@@ -80,3 +80,180 @@ def test_tracing_count_reads_a_keras_models_train_function():
     assert tracing_count(model) == first >= 1  # same shapes: no new trace
     model.fit(np.zeros((8, 5), np.float32), y, batch_size=4, verbose=0)
     assert tracing_count(model) > first  # a new input width is traced again
+
+
+# --- preflight -------------------------------------------------------------------------
+from tpu_helpers import xla  # noqa: E402
+
+
+class Replicas:
+    """Stands in for a strategy: preflight only reads num_replicas_in_sync."""
+
+    def __init__(self, n):
+        self.num_replicas_in_sync = n
+
+
+def tiny_model():
+    inputs = tf.keras.Input((None,), dtype=tf.int32, name="input_ids")
+    x = tf.keras.layers.Embedding(50, 8)(inputs)
+    x = tf.keras.layers.GlobalAveragePooling1D()(x)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(x))
+    model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def token_batches(n=64, width=16, batch=8, drop_remainder=True):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 50, (n, width)).astype(np.int32)
+    ds = tf.data.Dataset.from_tensor_slices(({"input_ids": ids}, (np.arange(n) % 2)))
+    return ds.batch(batch, drop_remainder=drop_remainder)
+
+
+def test_preflight_passes_a_tpu_ready_setup():
+    report = xla.preflight(tiny_model(), token_batches(), Replicas(8))
+    assert report.ok and "ready for a TPU" in str(report)
+    assert {c.name for c in report.checks} >= {
+        "static batch size",
+        "batch divides across replicas",
+        "dtypes",
+        "few input shapes",
+        "compiles with XLA",
+        "static shapes inside the step",
+        "program independent of the data",
+    }
+    assert all(c.status == "PASS" for c in report.checks)
+
+
+def test_preflight_passes_the_notebook_text_pipeline(fixtures_dir):
+    from datasets import load_dataset
+    from transformers import AutoTokenizer, TFAutoModelForSequenceClassification
+
+    from tpu_helpers import text
+
+    tokenizer = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+    split = text.tokenize(load_dataset(str(fixtures_dir / "cola"))["validation"], tokenizer, 128)
+    ds = text.make_text_dataset(split, 16, text.padding_boundaries(split["length"], "buckets"))
+    model = TFAutoModelForSequenceClassification.from_pretrained(
+        str(fixtures_dir / "tiny-distilbert"), num_labels=2
+    )
+    report = xla.preflight(model, ds, Replicas(2), batches=10)
+    assert report.ok, str(report)
+    assert report["padding"].status == "PASS"
+
+
+def test_preflight_names_a_missing_drop_remainder_and_raises():
+    with pytest.raises(xla.PreflightError, match="static batch size.*\n.*drop_remainder=True"):
+        xla.preflight(tiny_model(), token_batches(n=60, drop_remainder=False), compile_step=False)
+
+
+def test_preflight_batch_that_does_not_divide_across_replicas():
+    report = xla.preflight(
+        tiny_model(),
+        token_batches(batch=30),
+        Replicas(8),
+        compile_step=False,
+        raise_on_failure=False,
+    )
+    check = report["batch divides across replicas"]
+    assert check.status == "FAIL" and "30 % 8 = 6" in check.detail
+    assert "multiple of 8" in check.fix
+
+
+def test_preflight_refuses_strings_and_float64():
+    ds = tf.data.Dataset.from_tensor_slices(
+        ({"text": ["a", "b"] * 8, "score": np.ones(16, np.float64)}, np.zeros(16, np.int32))
+    ).batch(4, drop_remainder=True)
+    report = xla.preflight(None, ds, compile_step=False, raise_on_failure=False)
+    assert report["dtypes"].status == "FAIL"
+    assert "float64" in report["dtypes"].detail and "string" in report["dtypes"].detail
+
+
+def test_preflight_counts_shapes_and_padding():
+    def gen():
+        rng = np.random.default_rng(0)
+        for width in range(4, 20):  # padding to the longest row: a new width each batch
+            ids = np.zeros((8, width), np.int32)
+            ids[:, :2] = rng.integers(1, 50, (8, 2))
+            yield {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int32)}, np.zeros(8)
+
+    spec = (
+        {
+            "input_ids": tf.TensorSpec([8, None], tf.int32),
+            "attention_mask": tf.TensorSpec([8, None], tf.int32),
+        },
+        tf.TensorSpec([8], tf.float64),
+    )
+    ds = tf.data.Dataset.from_generator(gen, output_signature=spec)
+    report = xla.preflight(None, ds, compile_step=False, max_shapes=4, raise_on_failure=False)
+    assert report["few input shapes"].status == "FAIL"
+    assert report["few input shapes"].detail.startswith("16 distinct shape(s)")
+    assert report["padding"].status == "WARN"
+
+
+def _step_report(step):
+    return xla.preflight(None, token_batches(), train_step=step, raise_on_failure=False)
+
+
+def test_preflight_translates_an_op_xla_cannot_compile():
+    def step(x, y):
+        return tf.py_function(lambda a: a, [tf.cast(y, tf.float32)], tf.float32)
+
+    check = _step_report(step)["compiles with XLA"]
+    assert check.status == "FAIL" and "EagerPyFunc" in check.detail
+    assert "tf.data pipeline" in check.fix
+
+
+def test_preflight_translates_a_python_if_on_a_tensor():
+    @tf.autograph.experimental.do_not_convert
+    def step(x, y):
+        if tf.reduce_sum(y) > 3:
+            return tf.reduce_sum(y)
+        return tf.constant(0, y.dtype)
+
+    check = _step_report(step)["compiles with XLA"]
+    assert check.status == "FAIL" and check.detail.startswith("rule 1")
+    assert "tf.where" in check.fix
+
+
+def test_preflight_finds_a_shape_that_depends_on_values():
+    def step(x, y):  # the tutorial's boolean-mask loss
+        logits = tf.one_hot(x["input_ids"][:, 0] % 2, 2)
+        return boolean_mask_loss(
+            tf.where(x["input_ids"][:, 1] > 25, -100, tf.cast(y, tf.int32)), logits
+        )
+
+    report = _step_report(step)
+    check = report["static shapes inside the step"]
+    assert check.status == "FAIL" and "Where" in check.detail, str(report)
+
+
+def test_preflight_passes_the_masked_loss_version():
+    def step(x, y):
+        logits = tf.one_hot(x["input_ids"][:, 0] % 2, 2)
+        return masked_sparse_crossentropy(
+            tf.where(x["input_ids"][:, 1] > 25, -100, tf.cast(y, tf.int32)), logits
+        )
+
+    assert _step_report(step).ok
+
+
+def test_preflight_finds_a_program_that_depends_on_values():
+    def step(x, y):  # trims the batch to a width computed from the data
+        width = x["input_ids"][0, 0] % 16 + 1  # differs between the first two batches
+        return tf.reduce_sum(x["input_ids"][:, :width])
+
+    report = _step_report(step)
+    assert report["program independent of the data"].status == "FAIL", str(report)
+
+
+def test_translate_xla_error_names_the_rule_and_op():
+    err = ValueError("Input 1 to node `range` with op Range must be a compile-time constant.")
+    rule, op, fix = xla.translate_xla_error(err)
+    assert rule.startswith("rule 2") and op == "Range" and "mask" in fix
+    rule, op, _ = xla.translate_xla_error(RuntimeError("something else entirely"))
+    assert "could not compile" in rule and op == ""
+
+
+def test_preflight_wants_the_undistributed_dataset():
+    with pytest.raises(TypeError, match="tf.data.Dataset"):
+        xla.preflight(None, [1, 2, 3])

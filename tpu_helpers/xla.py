@@ -181,8 +181,14 @@ def translate_xla_error(error: BaseException) -> tuple[str, str, str]:
     return (
         f"XLA could not compile the step ({type(error).__name__})",
         op_name,
-        (text.strip().splitlines()[0][:300] if text.strip() else "see the error above"),
+        _last_line(text) or "see the error above",
     )
+
+
+def _last_line(text: str) -> str:
+    """The most specific line of a TF error ("in user code: ... TypeError: ...")."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
 
 
 def _dynamic_ops(hlo: str) -> list[str]:
