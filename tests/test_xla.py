@@ -257,3 +257,33 @@ def test_translate_xla_error_names_the_rule_and_op():
 def test_preflight_wants_the_undistributed_dataset():
     with pytest.raises(TypeError, match="tf.data.Dataset"):
         xla.preflight(None, [1, 2, 3])
+
+
+def test_train_counting_compiles_counts_one_compilation_per_shape():
+    def gen():
+        for width in (8, 16, 8, 24, 16, 8):
+            ids = np.ones((4, width), np.int32)
+            mask = np.zeros((4, width), np.int32)
+            mask[:, : width // 2] = 1
+            yield {"input_ids": ids, "attention_mask": mask}, np.zeros(4, np.int32)
+
+    spec = (
+        {
+            "input_ids": tf.TensorSpec([4, None], tf.int32),
+            "attention_mask": tf.TensorSpec([4, None], tf.int32),
+        },
+        tf.TensorSpec([4], tf.int32),
+    )
+    ds = tf.data.Dataset.from_generator(gen, output_signature=spec)
+    inputs = tf.keras.Input((None,), dtype=tf.int32, name="input_ids")
+    mask_in = tf.keras.Input((None,), dtype=tf.int32, name="attention_mask")
+    x = tf.keras.layers.Embedding(5, 4)(inputs)
+    x = tf.keras.layers.GlobalAveragePooling1D()(x)
+    model = tf.keras.Model(
+        {"input_ids": inputs, "attention_mask": mask_in}, tf.keras.layers.Dense(2)(x)
+    )
+    run = xla.train_counting_compiles(model, ds, tf.keras.optimizers.Adam(1e-3), name="t")
+    assert (run.steps, run.shapes, run.compiles) == (6, 3, 3)
+    assert run.tokens == 4 * (8 + 16 + 8 + 24 + 16 + 8) and run.padding_fraction == 0.5
+    assert run.steady_real_tokens == 4 * (4 + 8 + 4)  # the steps that reused a program
+    assert run.row()["compilations"] == 3

@@ -353,6 +353,34 @@ def make_text_dataset(
     return ds
 
 
+def longest_padded_dataset(
+    split, global_batch: int, shuffle: bool = True, seed: int = 0, label_column: str = "label"
+):
+    """Random full batches, each padded to its own longest row: what ``prepare_tf_dataset``
+    and ``DataCollatorWithPadding`` do. Shown for comparison: under XLA every new width is
+    a new compilation. Elements are ``({"input_ids", "attention_mask"}, labels, weights)``.
+    """
+    import tensorflow as tf
+
+    lengths = np.asarray(split["length"])
+    tokens = np.concatenate([np.asarray(x, np.int32) for x in split["input_ids"]])
+    ragged = tf.RaggedTensor.from_row_lengths(tokens, lengths)
+    labels = np.asarray(split[label_column], np.int32)
+    order = np.random.default_rng(seed).permutation(len(lengths)) if shuffle else None
+    if order is not None:
+        ragged, labels = tf.gather(ragged, order), labels[order]
+    ds = tf.data.Dataset.from_tensor_slices((ragged, labels)).batch(
+        global_batch, drop_remainder=True
+    )
+
+    def pad(batch, y):
+        ids = batch.to_tensor()
+        mask = tf.sequence_mask(batch.row_lengths(), tf.shape(ids)[1], dtype=tf.int32)
+        return {"input_ids": ids, "attention_mask": mask}, y, tf.ones([global_batch])
+
+    return ds.map(pad).prefetch(tf.data.AUTOTUNE)
+
+
 def distribute_text_dataset(
     strategy, split, per_replica_batch: int, boundaries: Sequence[int], **kwargs
 ):
