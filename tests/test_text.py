@@ -166,3 +166,26 @@ def test_count_steps_matches_the_plan():
         assert text.count_steps(lengths, [16, 32, 64], 32) == len(
             text.batch_plan(lengths, [16, 32, 64], 32, seed)[0]
         )
+
+
+def test_longest_padded_batches_are_as_wide_as_their_longest_row():
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(2, 40, 100)
+    split = {
+        "input_ids": [list(range(1, n + 1)) for n in lengths],
+        "length": lengths.tolist(),
+        "label": [int(n % 2) for n in lengths],
+    }
+    ds = text.longest_padded_dataset(split, 16, seed=3)
+    seen = []
+    widths = set()
+    for features, labels, weights in ds:
+        ids, mask = features["input_ids"].numpy(), features["attention_mask"].numpy()
+        row_lengths = mask.sum(1)
+        assert ids.shape == (16, row_lengths.max()) and (weights.numpy() == 1).all()
+        assert (labels.numpy() == row_lengths % 2).all()
+        assert (ids[mask == 0] == 0).all() and (ids[mask == 1] > 0).all()
+        seen.extend(row_lengths.tolist())
+        widths.add(ids.shape[1])
+    assert len(seen) == 96 and len(widths) > 3  # 6 full batches, one width each
+    assert sorted(seen) != seen  # shuffled, not sorted by length
