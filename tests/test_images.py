@@ -1,0 +1,191 @@
+import io
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from tpu_helpers import images
+from tpu_helpers.fixtures import leaf_image
+
+SPEC = images.ImageSpec(32, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+
+
+def _bytes(array, fmt="JPEG"):
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def bucket():
+    """Six leaves (two per class) as JPEGs and one PNG on a ram:// 'bucket'."""
+    rng = np.random.default_rng(0)
+    paths, labels, arrays = [], [], []
+    for i in range(6):
+        array = leaf_image(rng, i % 3, 200)
+        path = f"ram://images-test/train/class{i % 3}/leaf{i}.jpg"
+        tf.io.gfile.makedirs(path.rsplit("/", 1)[0])
+        with tf.io.gfile.GFile(path, "wb") as f:
+            f.write(_bytes(array))
+        paths.append(path)
+        labels.append(i % 3)
+        arrays.append(array)
+    png = "ram://images-test/train/class0/leaf.png"
+    with tf.io.gfile.GFile(png, "wb") as f:
+        f.write(_bytes(arrays[0], "PNG"))
+    return paths, labels, png
+
+
+def _processor_pixels(path, size=32):
+    from transformers import ViTImageProcessor
+
+    processor = ViTImageProcessor(
+        size={"height": size, "width": size}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    )
+    with tf.io.gfile.GFile(path, "rb") as f:
+        image = Image.open(io.BytesIO(f.read())).convert("RGB")
+    return processor(images=image, return_tensors="np")["pixel_values"][0]
+
+
+def test_spec_is_read_from_the_processor(fixtures_dir):
+    from transformers import AutoImageProcessor, ConvNextImageProcessor
+
+    spec = images.ImageSpec.from_processor(
+        AutoImageProcessor.from_pretrained(str(fixtures_dir / "tiny-vit"))
+    )
+    assert (spec.height, spec.width, spec.mean, spec.std) == (32, 32, (0.5,) * 3, (0.5,) * 3)
+    assert spec.rescale_factor == pytest.approx(1 / 255)
+    other = ConvNextImageProcessor(size={"shortest_edge": 64}, crop_size={"height": 56})
+    assert images.ImageSpec.from_processor(other).height in (56, 64)
+
+
+def test_rebase_paths_keeps_class_folder_and_file():
+    paths = ["/data/beans/train/bean_rust/a.jpg", "C:\\beans\\healthy\\b.jpg"]
+    assert images.rebase_paths(paths, "gs://bucket/beans/") == [
+        "gs://bucket/beans/bean_rust/a.jpg",
+        "gs://bucket/beans/healthy/b.jpg",
+    ]
+
+
+def test_pixels_match_the_hugging_face_processor(bucket):
+    paths, labels, png = bucket
+    ds = images.image_dataset(paths + [png], labels + [0], SPEC, 7)
+    features, got_labels, weights = next(iter(ds))
+    pixels = features["pixel_values"].numpy()
+    assert pixels.shape == (7, 3, 32, 32) and pixels.dtype == np.float32
+    assert got_labels.numpy().tolist() == labels + [0]
+    for i, path in enumerate(paths + [png]):
+        expected = _processor_pixels(path)
+        assert np.abs(pixels[i] - expected).mean() < 0.03, path
+    # a different image is far away: the comparison can fail
+    assert np.abs(pixels[1] - _processor_pixels(paths[0])).mean() > 0.05
+
+
+def test_jpeg_scale_chooses_the_largest_that_still_covers(bucket):
+    paths, _, png = bucket  # 200 x 200
+    assert images.jpeg_scale(paths, 32, 32) == 4
+    assert images.jpeg_scale(paths, 100, 100) == 2
+    assert images.jpeg_scale(paths, 150, 150) == 1
+    assert images.jpeg_scale(paths + [png], 32, 32) == 0
+
+
+def test_evaluation_batches_score_every_image_once(bucket):
+    paths, labels, _ = bucket
+    ds = images.image_dataset(paths, labels, SPEC, 4)
+    batches = list(ds)
+    assert len(batches) == ds.steps == 2
+    weights = np.concatenate([w.numpy() for _, _, w in batches])
+    assert weights.tolist() == [1] * 6 + [0] * 2
+
+
+def test_training_augments_differently_each_epoch_and_repeats_per_seed(bucket):
+    paths, labels, _ = bucket
+
+    def epochs(seed):
+        ds = images.image_dataset(paths, labels, SPEC, 6, training=True, seed=seed)
+        return [next(iter(ds)) for _ in range(2)]
+
+    (a1, la1), (a2, la2) = epochs(3)
+    (b1, _), _ = epochs(3)
+    first, second = a1["pixel_values"].numpy(), a2["pixel_values"].numpy()
+    np.testing.assert_array_equal(first, b1["pixel_values"].numpy())
+    assert not np.array_equal(first, second)
+    assert sorted(la1.numpy().tolist()) == sorted(labels)
+    assert first.shape == (6, 3, 32, 32)
+
+
+def _broken_files():
+    good = _bytes(leaf_image(np.random.default_rng(1), 0, 64))
+    files = {
+        "ram://images-bad/truncated.jpg": good[: len(good) // 2],
+        "ram://images-bad/text.jpg": b"this is not an image at all",
+    }
+    tf.io.gfile.makedirs("ram://images-bad")
+    for path, data in files.items():
+        with tf.io.gfile.GFile(path, "wb") as f:
+            f.write(data)
+    with tf.io.gfile.GFile("ram://images-bad/good.jpg", "wb") as f:
+        f.write(good)
+    return list(files)
+
+
+@pytest.mark.parametrize("name", ["truncated.jpg", "text.jpg"])
+def test_a_broken_file_is_named(name):
+    _broken_files()
+    path = f"ram://images-bad/{name}"
+    ds = images.image_dataset(["ram://images-bad/good.jpg", path], [0, 1], SPEC, 2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{name}.*on_error="):
+        list(ds)
+
+
+def test_missing_files_are_named_before_reading():
+    _broken_files()
+    paths = ["ram://images-bad/good.jpg", "ram://images-bad/missing.jpg", "ram://nowhere/x.jpg"]
+    with pytest.raises(FileNotFoundError, match="2 of 3 image files.*missing.jpg.*nowhere"):
+        images.image_dataset(paths, [0, 1, 2], SPEC, 1)
+
+
+def test_bad_files_can_be_skipped_and_are_counted(capsys):
+    bad = _broken_files()
+    paths = ["ram://images-bad/good.jpg"] * 3 + bad + ["ram://images-bad/missing.jpg"]
+    ds = images.image_dataset(paths, [0] * len(paths), SPEC, 3, on_error="skip")
+    out = capsys.readouterr().out
+    assert "skipped 3 of 6 files" in out and "truncated JPEG" in out and "missing" in out
+    assert sum(int(w.numpy().sum()) for _, _, w in ds) == 3
+
+
+def test_problems_found_in_bytes():
+    good = _bytes(leaf_image(np.random.default_rng(2), 1, 40))
+    assert images.image_problem(good) is None
+    assert images.image_problem(good + b"\0" * 10) is None  # trailing padding is fine
+    assert "truncated JPEG" in images.image_problem(good[:-100])
+    png = _bytes(leaf_image(np.random.default_rng(2), 1, 40), "PNG")
+    assert images.image_problem(png) is None and "PNG" in images.image_problem(png[:-20])
+    assert "not a JPEG" in images.image_problem(b"GIF? no")
+    for data in (good, good + b"\0" * 10, good[:-100], png, png[:-20], b"nope"):
+        assert bool(images._valid(tf.constant(data))) == (images.image_problem(data) is None)
+
+
+def test_labels_are_checked_against_the_classes_and_the_model():
+    from types import SimpleNamespace
+
+    images.check_labels([0, 1, 2], ["a", "b", "c"], SimpleNamespace(num_labels=3))
+    with pytest.raises(ValueError, match="Label 3 is outside the 3 classes"):
+        images.check_labels([0, 3], ["a", "b", "c"])
+    with pytest.raises(ValueError, match="10 output labels, the data 3 classes.*num_labels=3"):
+        images.check_labels([0, 1], ["a", "b", "c"], SimpleNamespace(num_labels=10))
+
+
+def test_images_round_trip_through_tfrecords(bucket):
+    paths, labels, _ = bucket
+    meta = images.write_image_records(paths, labels, "ram://images-records", shard_records=4)
+    assert meta["num_records"] == 6 and len(meta["shards"]) == 2
+    ds = images.image_records_dataset("ram://images-records", SPEC, 3)
+    got = [(f["pixel_values"].numpy(), y.numpy()) for f, y in ds]
+    assert ds.steps == 2 and len(got) == 2
+    pixels = np.concatenate([p for p, _ in got])
+    order = np.concatenate([y for _, y in got]).tolist()
+    assert order == labels
+    for i, path in enumerate(paths):
+        assert np.abs(pixels[i] - _processor_pixels(path)).mean() < 0.03

@@ -1,0 +1,403 @@
+"""Images for TPUs: stream files (local or ``gs://``) through ``tf.data`` into a ViT.
+
+Hugging Face image processors run in Python on PIL images, which a ``tf.data`` pipeline
+(and a legacy TPU Node's remote input workers) cannot call. This module reads the
+processor's settings once (size, rescale factor, mean, std) and does the same work with
+TensorFlow ops: read, decode (JPEG at a reduced scale when the target is much smaller,
+which is most of the cost saved), resize, augment (training only), rescale, normalize
+and move channels first, as TF ViT models expect ``pixel_values``.
+
+Bad files fail with their name: missing files (found by listing each folder once, before
+reading), and a file that is not a JPEG/PNG/GIF/BMP or is truncated (checked in the
+pipeline, before decoding). With
+``on_error="skip"`` every file is checked once up front and the bad ones are left out and
+reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+import tpu_helpers._env  # noqa: F401
+
+_JPEG, _PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
+_OTHER = (b"GIF87a", b"GIF89a", b"BM")
+
+
+# --- settings from the processor --------------------------------------------------------
+@dataclass(frozen=True)
+class ImageSpec:
+    """What a Hugging Face image processor does, as numbers ``tf.data`` can use."""
+
+    height: int
+    width: int
+    mean: tuple
+    std: tuple
+    rescale_factor: float = 1 / 255
+    do_normalize: bool = True
+
+    @classmethod
+    def from_processor(cls, processor) -> ImageSpec:
+        size = processor.size
+        if "height" in size:
+            height, width = size["height"], size["width"]
+        elif "shortest_edge" in size:  # resized then center-cropped by the processor
+            crop = getattr(processor, "crop_size", None) or {}
+            height = crop.get("height", size["shortest_edge"])
+            width = crop.get("width", size["shortest_edge"])
+        else:
+            raise ValueError(f"Unsupported processor size {size!r}: expected height/width.")
+        return cls(
+            int(height),
+            int(width),
+            tuple(float(m) for m in processor.image_mean),
+            tuple(float(s) for s in processor.image_std),
+            float(processor.rescale_factor if getattr(processor, "do_rescale", True) else 1.0),
+            bool(getattr(processor, "do_normalize", True)),
+        )
+
+
+def rebase_paths(paths: Sequence[str], base: str, keep: int = 2) -> list[str]:
+    """Move file paths onto ``base`` keeping their last ``keep`` parts (class folder and
+    file name): ``/data/train/rust/a.jpg`` -> ``gs://bucket/beans/rust/a.jpg``."""
+    base = base.rstrip("/")
+    return [f"{base}/{'/'.join(str(p).replace(chr(92), '/').split('/')[-keep:])}" for p in paths]
+
+
+def check_labels(labels: Sequence[int], class_names: Sequence[str], model_config=None) -> None:
+    """Refuse labels outside ``class_names`` and a model whose ``num_labels`` differs."""
+    labels = np.asarray(labels)
+    if labels.size and (labels.min() < 0 or labels.max() >= len(class_names)):
+        bad = labels[(labels < 0) | (labels >= len(class_names))][0]
+        raise ValueError(
+            f"Label {bad} is outside the {len(class_names)} classes {list(class_names)}."
+            " Fix: check the label column."
+        )
+    if model_config is not None and model_config.num_labels != len(class_names):
+        raise ValueError(
+            f"The model has {model_config.num_labels} output labels, the data"
+            f" {len(class_names)} classes {list(class_names)}. Fix: from_pretrained(...,"
+            f" num_labels={len(class_names)}, id2label=..., label2id=...,"
+            " ignore_mismatched_sizes=True)."
+        )
+
+
+# --- checking files ---------------------------------------------------------------------
+def image_problem(data: bytes) -> str | None:
+    """Why ``data`` is not a complete JPEG/PNG/GIF/BMP file, or None when it looks whole."""
+    if data.startswith(_JPEG):
+        return None if b"\xff\xd9" in data[-64:] else "truncated JPEG (no end-of-image marker)"
+    if data.startswith(_PNG):
+        return None if b"IEND" in data[-16:] else "truncated PNG (no IEND chunk)"
+    if data.startswith(_OTHER):
+        return None
+    return "not a JPEG, PNG, GIF or BMP file"
+
+
+def scan_images(paths: Sequence[str]) -> dict[str, str]:
+    """Read every file once; return ``{path: problem}`` for the missing and broken ones."""
+    import tensorflow as tf
+
+    problems = {}
+    for path in paths:
+        try:
+            with tf.io.gfile.GFile(path, "rb") as f:
+                data = f.read()
+        except tf.errors.NotFoundError:
+            problems[path] = "missing"
+            continue
+        problem = image_problem(data)
+        if problem:
+            problems[path] = problem
+    return problems
+
+
+def missing_files(paths: Sequence[str]) -> list[str]:
+    """The paths that do not exist, found by listing each folder once (one request per
+    folder on a bucket, instead of one per file)."""
+    import tensorflow as tf
+
+    folders: dict[str, set] = {}
+    for path in paths:
+        folders.setdefault(str(path).rsplit("/", 1)[0], set())
+    for folder, names in folders.items():
+        try:
+            names.update(tf.io.gfile.listdir(folder))
+        except tf.errors.NotFoundError:
+            pass
+    return [p for p in paths if str(p).rsplit("/", 1)[-1] not in folders[str(p).rsplit("/", 1)[0]]]
+
+
+def _valid(data):
+    """``image_problem`` as a handful of TensorFlow ops, without control flow (each
+    ``tf.cond`` costs a function call per image): True when the bytes look whole.
+    Binary separators in ``tf.strings.split`` find the end markers."""
+    import tensorflow as tf
+
+    n = tf.strings.length(data)
+    head = tf.strings.substr(data, 0, 8)
+    tail = tf.strings.substr(data, tf.maximum(n - 64, 0), 64)
+
+    def has(marker: bytes, text):
+        return tf.size(tf.strings.split(text, sep=marker)) > 1
+
+    jpeg = (tf.strings.substr(head, 0, 3) == _JPEG) & has(b"\xff\xd9", tail)
+    last16 = tf.strings.substr(tail, tf.maximum(tf.strings.length(tail) - 16, 0), 16)
+    png = (head == _PNG) & has(b"IEND", last16)
+    gif = (tf.strings.substr(head, 0, 6) == _OTHER[0]) | (
+        tf.strings.substr(head, 0, 6) == _OTHER[1]
+    )
+    return jpeg | png | gif | (tf.strings.substr(head, 0, 2) == _OTHER[2])
+
+
+# --- decoding ---------------------------------------------------------------------------
+JPEG_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif")
+
+
+def jpeg_scale(paths: Sequence[str], height: int, width: int, sample: int = 16) -> int:
+    """The JPEG decoding scale (1, 2, 4 or 8) for these files: the largest at which every
+    one of the first ``sample`` images still covers ``height x width``; 0 when not every
+    path is a JPEG (then ``decode_image`` decodes each file in full)."""
+    import tensorflow as tf
+
+    if not paths or not all(str(p).lower().endswith(JPEG_SUFFIXES) for p in paths):
+        return 0
+    scale = 8
+    for path in list(paths)[:sample]:
+        try:
+            h, w, _ = tf.io.extract_jpeg_shape(tf.io.read_file(path)).numpy()
+        except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):
+            continue  # the pipeline reports this file by name
+        while scale > 1 and (h // scale < height or w // scale < width):
+            scale //= 2
+    return scale
+
+
+def decode_image(data, height: int, width: int, scale: int = 0):
+    """Decode image bytes to an RGB uint8 image of ``height x width``.
+
+    ``scale`` 1, 2, 4 or 8 (from ``jpeg_scale``): the bytes are a JPEG, decoded at that
+    fraction of its size (libjpeg's DCT scaling: less work, and it filters out what a
+    plain resize would alias), then resized bilinearly. ``scale=0``: any of JPEG, PNG,
+    GIF, BMP, decoded in full and resized with antialiasing. Either way the result is
+    rounded to uint8, as the Hugging Face processors do with PIL: within about 1 % of
+    their pixels.
+    """
+    import tensorflow as tf
+
+    if scale:
+        image = tf.image.resize(tf.io.decode_jpeg(data, 3, ratio=scale), [height, width])
+    else:
+        image = tf.io.decode_image(data, channels=3, expand_animations=False)
+        image = tf.image.resize(image, [height, width], antialias=True)
+    image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+    return tf.ensure_shape(image, [height, width, 3])
+
+
+def load_image(path: str, height: int | None = None, width: int | None = None):
+    """One image file as a uint8 array (for showing samples), resized if sizes are given."""
+    import tensorflow as tf
+
+    data = tf.io.read_file(path)
+    if height is None:
+        return tf.io.decode_image(data, channels=3, expand_animations=False).numpy()
+    return decode_image(data, height, width).numpy()
+
+
+def augment(image, seed):
+    """Random horizontal flip and a random crop of 80-100 % of the side resized back, on
+    a uint8 image, from a stateless ``seed`` pair (so runs repeat, epochs differ)."""
+    import tensorflow as tf
+
+    height, width = image.shape[0], image.shape[1]
+    image = tf.image.stateless_random_flip_left_right(image, seed)
+    scale = tf.random.stateless_uniform([], seed + 1, 0.8, 1.0)
+    crop_h = tf.cast(scale * height, tf.int32)
+    crop_w = tf.cast(scale * width, tf.int32)
+    image = tf.image.stateless_random_crop(image, [crop_h, crop_w, 3], seed + 2)
+    image = tf.image.resize(image, [height, width])
+    image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+    return tf.ensure_shape(image, [height, width, 3])
+
+
+def normalize(images, spec: ImageSpec):
+    """uint8 images ``[..., H, W, 3]`` -> float32 ``pixel_values`` ``[..., 3, H, W]``:
+    rescale, normalize with the processor's mean and std (one multiply-add), channels
+    first. Applied to whole batches, where it is one vectorized op."""
+    import tensorflow as tf
+
+    images = tf.cast(images, tf.float32)
+    if spec.do_normalize:
+        scale = tf.constant([spec.rescale_factor / s for s in spec.std])
+        shift = tf.constant([-m / s for m, s in zip(spec.mean, spec.std, strict=True)])
+        images = images * scale + shift
+    else:
+        images = images * spec.rescale_factor
+    rank = images.shape.rank
+    return tf.transpose(images, [*range(rank - 3), rank - 1, rank - 3, rank - 2])
+
+
+# --- the pipeline -----------------------------------------------------------------------
+def image_dataset(
+    paths: Sequence[str],
+    labels: Sequence[int],
+    spec: ImageSpec,
+    batch_size: int,
+    training: bool = False,
+    seed: int = 0,
+    cache: bool = False,
+    on_error: str = "raise",
+    reduced_decode: bool = True,
+):
+    """A ``tf.data.Dataset`` of ``({"pixel_values": [B, 3, H, W]}, labels[, weights])``.
+
+    ``training=True``: shuffled every epoch and augmented (``augment``), batches of exactly
+    ``batch_size`` (the last partial one dropped). ``training=False``: in order, not
+    augmented, and the last batch is completed with copies weighted 0, so every image is
+    scored once; elements then carry a third item, the sample weights.
+
+    JPEG files are decoded at a reduced scale when all of them are JPEGs and their size
+    allows (``jpeg_scale``; ``reduced_decode=False`` turns it off).
+
+    ``cache=True`` keeps the decoded, resized images (uint8) in memory after the first
+    epoch, before augmentation. ``on_error="skip"`` checks every file first and leaves out the
+    missing and broken ones, printing how many; the default raises naming the file.
+    The number of batches is on the dataset as ``steps``.
+    """
+    import tensorflow as tf
+
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
+    paths, labels = [str(p) for p in paths], np.asarray(labels, np.int32)
+    if len(paths) != len(labels):
+        raise ValueError(f"{len(paths)} paths but {len(labels)} labels.")
+    if on_error == "raise":
+        missing = missing_files(paths)
+        if missing:
+            raise FileNotFoundError(
+                f"{len(missing)} of {len(paths)} image files do not exist, e.g. {missing[:3]}."
+                " Fix: check the base path (rebase_paths), or on_error='skip'."
+            )
+    else:
+        problems = scan_images(paths)
+        if problems:
+            listed = "\n  ".join(f"{p}: {why}" for p, why in list(problems.items())[:10])
+            print(f"images: skipped {len(problems)} of {len(paths)} files:\n  {listed}")
+            keep = [i for i, p in enumerate(paths) if p not in problems]
+            paths, labels = [paths[i] for i in keep], labels[keep]
+    if len(paths) < batch_size:
+        raise ValueError(
+            f"{len(paths)} images make no full batch of {batch_size}. Fix: a smaller batch."
+        )
+    weights = np.ones(len(paths), np.float32)
+    if not training and len(paths) % batch_size:
+        fill = batch_size - len(paths) % batch_size
+        paths = paths + paths[:fill]
+        labels = np.concatenate([labels, labels[:fill]])
+        weights = np.concatenate([weights, np.zeros(fill, np.float32)])
+    steps = len(paths) // batch_size
+    scale = jpeg_scale(paths, spec.height, spec.width) if reduced_decode else 0
+
+    def load(path, label, weight):
+        data = tf.io.read_file(path)
+        check = tf.debugging.Assert(
+            _valid(data),
+            [
+                "Not a complete JPEG/PNG/GIF/BMP image:",
+                path,
+                "Fix: replace the file, or on_error='skip'.",
+            ],
+        )
+        with tf.control_dependencies([check]):
+            image = decode_image(data, spec.height, spec.width, scale)
+        return image, label, weight
+
+    ds = tf.data.Dataset.from_tensor_slices((paths, labels, weights))
+    if training:
+        ds = ds.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+    ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)  # in order: seeds pair up
+    if cache:
+        ds = ds.cache()
+    if training:
+        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+        ds = tf.data.Dataset.zip((ds, seeds)).map(
+            lambda item, s: (augment(item[0], s), item[1], item[2]),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
+
+    def finish(image, label, weight):  # whole batches: one vectorized normalization
+        features = {"pixel_values": normalize(image, spec)}
+        return (features, label) if training else (features, label, weight)
+
+    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
+    ds.steps = steps
+    return ds
+
+
+# --- images as TFRecords ----------------------------------------------------------------
+def write_image_records(
+    paths: Sequence[str], labels: Sequence[int], output_dir: str, split: str = "train", **kwargs
+) -> dict:
+    """Store the encoded image files (not decoded pixels) and labels as TFRecord shards,
+    for data sets of many small files; decoding and augmentation stay in the reader, so
+    every epoch still sees new augmentations. Keyword arguments go to
+    ``records.write_records``."""
+    import tensorflow as tf
+
+    from tpu_helpers.records import write_records
+
+    def rows():
+        for path, label in zip(paths, labels, strict=True):
+            with tf.io.gfile.GFile(str(path), "rb") as f:
+                yield {"image": f.read(), "label": int(label), "name": str(path).rsplit("/", 1)[-1]}
+
+    kwargs.setdefault("source", {"images": len(paths)})
+    return write_records(rows(), output_dir, split=split, total=len(paths), **kwargs)
+
+
+def image_records_dataset(
+    source: str, spec: ImageSpec, batch_size: int, training: bool = False, seed: int = 0
+):
+    """Batches like ``image_dataset``'s training ones, read from ``write_image_records``
+    shards: ``({"pixel_values"}, labels)``, full batches, augmented when ``training``."""
+    import tensorflow as tf
+
+    from tpu_helpers.records import open_records
+
+    opened = open_records(source)
+    files = [s.path for s in opened.shards]
+    features = {
+        "image": tf.io.FixedLenFeature([], tf.string),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+    }
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if training:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    ds = tf.data.TFRecordDataset(ds, compression_type=opened.compression or "")
+    if training:
+        ds = ds.shuffle(2048, seed=seed, reshuffle_each_iteration=True)
+
+    def load(record):
+        ex = tf.io.parse_single_example(record, features)
+        return decode_image(ex["image"], spec.height, spec.width), tf.cast(ex["label"], tf.int32)
+
+    ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)  # in order: seeds pair up
+    if training:
+        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+        ds = tf.data.Dataset.zip((ds, seeds)).map(
+            lambda item, s: (augment(item[0], s), item[1]), num_parallel_calls=tf.data.AUTOTUNE
+        )
+    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = ds.map(lambda image, label: ({"pixel_values": normalize(image, spec)}, label))
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    steps = opened.num_records // batch_size
+    ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
+    ds.steps = steps
+    return ds
