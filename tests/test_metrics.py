@@ -48,3 +48,24 @@ def test_predict_classes_scores_every_example_once_in_dataset_order():
     assert len(labels) == steps * 8 and weights.sum() == 45
     assert (labels == preds).all()
     assert sorted(labels[weights == 1].tolist()) == sorted(split["label"])
+
+
+def test_predict_classes_distributes_a_plain_dataset_across_replicas():
+    from tests.conftest import run_python
+
+    result = run_python(
+        """
+        import numpy as np, tensorflow as tf
+        import tpu_helpers
+        from tpu_helpers.metrics import predict_classes
+        strategy = tpu_helpers.connect(simulated_replicas=2)
+        x = np.arange(24, dtype=np.float32).reshape(24, 1)
+        ds = tf.data.Dataset.from_tensor_slices(({"x": x}, (x[:, 0] > 11).astype(np.int32),
+                                                 np.ones(24, np.float32))).batch(8)
+        model = lambda f, training=False: tf.concat([11.5 - f["x"], f["x"] - 11.5], axis=1)
+        labels, preds, weights = predict_classes(model, ds, 3, strategy)
+        print("result", len(labels), len(preds), int((labels == preds).sum()))
+        """
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "result 24 24 24" in result.stdout

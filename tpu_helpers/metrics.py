@@ -47,12 +47,16 @@ def logits_of(outputs):
 
 def predict_classes(model, dataset, steps: int, strategy):
     """Run ``model`` on ``steps`` batches of ``(features, labels, weights)`` from a dataset
-    distributed by ``strategy``; return ``(labels, predictions, weights)`` as flat arrays.
+    (plain or distributed by ``strategy``); return ``(labels, predictions, weights)`` as flat arrays.
 
     Each step runs on every replica (``strategy.run`` in a ``tf.function``) and the
-    per-replica results are gathered to the host.
+    per-replica results are gathered to the host. A plain ``tf.data.Dataset`` of global
+    batches is distributed here first.
     """
     import tensorflow as tf
+
+    if isinstance(dataset, tf.data.Dataset):
+        dataset = strategy.experimental_distribute_dataset(dataset)
 
     @tf.function
     def step(features):
