@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tpu_helpers.checks import FAIL, PASS, Check
 from tpu_helpers.runtime import (
     DATASETS_SPEC,
     HUB_SPEC,
@@ -42,18 +43,6 @@ class DoctorFacts:
     device_types: tuple[str, ...] = field(default_factory=tuple)
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-
-    def line(self) -> str:
-        text = f"{'PASS' if self.ok else 'FAIL'}  {self.name}: {self.detail}"
-        return text if self.ok else f"{text}\n      fix: {self.fix}"
-
-
 def check_tensorflow(f: DoctorFacts) -> Check:
     build, version = f.runtime.tensorflow_build, f.runtime.tensorflow_version
     if not build:
@@ -62,47 +51,47 @@ def check_tensorflow(f: DoctorFacts) -> Check:
             if f.runtime.accelerator == "tpu"
             else "pip install -r requirements.txt"
         )
-        return Check("tensorflow", False, "no TensorFlow distribution is installed", fix)
-    return Check("tensorflow", True, f"{build} {version}")
+        return Check("tensorflow", FAIL, "no TensorFlow distribution is installed", fix)
+    return Check("tensorflow", PASS, f"{build} {version}")
 
 
 def check_tf_keras(f: DoctorFacts) -> Check:
     tf_minor = minor(f.runtime.tensorflow_version)
     have = f.runtime.distributions.get("tf-keras")
     if tf_minor is None:
-        return Check("tf-keras", False, "cannot check without TensorFlow", "install TensorFlow")
+        return Check("tf-keras", FAIL, "cannot check without TensorFlow", "install TensorFlow")
     want = f"tf-keras~={tf_minor[0]}.{tf_minor[1]}.0"
     if not have:
-        return Check("tf-keras", False, "not installed", f"pip install --no-deps '{want}'")
+        return Check("tf-keras", FAIL, "not installed", f"pip install --no-deps '{want}'")
     if minor(have) != tf_minor:
         return Check(
             "tf-keras",
-            False,
+            FAIL,
             f"tf-keras {have} does not match TensorFlow {f.runtime.tensorflow_version}",
             f"pip install --no-deps '{want}'  (--no-deps keeps your TensorFlow build)",
         )
-    return Check("tf-keras", True, f"{have} matches TensorFlow {tf_minor[0]}.{tf_minor[1]}")
+    return Check("tf-keras", PASS, f"{have} matches TensorFlow {tf_minor[0]}.{tf_minor[1]}")
 
 
 def check_transformers(f: DoctorFacts) -> Check:
     have = f.runtime.distributions.get("transformers")
     if not have:
-        return Check("transformers", False, "not installed", f"pip install {TRANSFORMERS_PIN}")
+        return Check("transformers", FAIL, "not installed", f"pip install {TRANSFORMERS_PIN}")
     if minor(have)[0] >= 5:
         return Check(
             "transformers",
-            False,
+            FAIL,
             f"{have} has no TensorFlow classes (removed in v5)",
             f"pip install {TRANSFORMERS_PIN}",
         )
     if f.transformers_tf_error:
         return Check(
             "transformers",
-            False,
+            FAIL,
             f"{have}, but TFAutoModel does not import: {f.transformers_tf_error}",
             "fix the TensorFlow / tf-keras checks above, then restart the runtime",
         )
-    return Check("transformers", True, f"{have}, TF classes import")
+    return Check("transformers", PASS, f"{have}, TF classes import")
 
 
 def check_datasets(f: DoctorFacts) -> Check:
@@ -112,16 +101,16 @@ def check_datasets(f: DoctorFacts) -> Check:
     )
     fix = f"pip install '{DATASETS_SPEC}' '{HUB_SPEC}'"
     if not ds or not hub:
-        return Check("datasets", False, f"datasets {ds}, huggingface-hub {hub}", fix)
+        return Check("datasets", FAIL, f"datasets {ds}, huggingface-hub {hub}", fix)
     if not ((4, 0) <= minor(ds) < (5, 1)) or minor(hub)[0] >= 1:
         return Check(
             "datasets",
-            False,
+            FAIL,
             f"datasets {ds} with huggingface-hub {hub}: transformers 4.x needs hub < 1.0,"
             " and datasets >= 5.1 needs hub >= 1.31",
             fix,
         )
-    return Check("datasets", True, f"datasets {ds}, huggingface-hub {hub}")
+    return Check("datasets", PASS, f"datasets {ds}, huggingface-hub {hub}")
 
 
 def check_legacy_keras(f: DoctorFacts) -> Check:
@@ -130,25 +119,25 @@ def check_legacy_keras(f: DoctorFacts) -> Check:
         " TensorFlow, then restart the runtime"
     )
     if f.legacy_flag != "1":
-        return Check("legacy keras", False, f"TF_USE_LEGACY_KERAS={f.legacy_flag!r}", fix)
+        return Check("legacy keras", FAIL, f"TF_USE_LEGACY_KERAS={f.legacy_flag!r}", fix)
     if f.keras_module and not f.keras_module.startswith("tf_keras"):
         return Check(
             "legacy keras",
-            False,
+            FAIL,
             f"tf.keras is {f.keras_module} (Keras 3): TensorFlow was imported before the flag",
             fix,
         )
-    return Check("legacy keras", True, f"tf.keras is {f.keras_module or 'tf_keras'}")
+    return Check("legacy keras", PASS, f"tf.keras is {f.keras_module or 'tf_keras'}")
 
 
 def check_tpu_visible(f: DoctorFacts) -> Check:
     if f.runtime.accelerator != "tpu":
-        return Check("tpu devices", True, f"not a TPU runtime ({f.runtime.accelerator})")
+        return Check("tpu devices", PASS, f"not a TPU runtime ({f.runtime.accelerator})")
     if "TPU" in f.device_types:
-        return Check("tpu devices", True, "TPU devices visible")
+        return Check("tpu devices", PASS, "TPU devices visible")
     return Check(
         "tpu devices",
-        False,
+        FAIL,
         f"a TPU runtime, but TensorFlow ({f.runtime.tensorflow_build}) lists only"
         f" {sorted(set(f.device_types)) or 'no'} devices: a CPU-only build",
         f"pip uninstall -y tensorflow tensorflow-cpu && pip install tensorflow-tpu"
@@ -158,12 +147,12 @@ def check_tpu_visible(f: DoctorFacts) -> Check:
 
 def check_tensorflow_tpu_recognised(f: DoctorFacts) -> Check:
     if not f.runtime.distributions.get("tensorflow-tpu"):
-        return Check("transformers sees TF", True, "tensorflow-tpu not installed")
+        return Check("transformers sees TF", PASS, "tensorflow-tpu not installed")
     if f.transformers_sees_tf:
-        return Check("transformers sees TF", True, "tensorflow-tpu recognised")
+        return Check("transformers sees TF", PASS, "tensorflow-tpu recognised")
     return Check(
         "transformers sees TF",
-        False,
+        FAIL,
         "tensorflow-tpu is installed but transformers says TensorFlow is missing",
         "set os.environ['FORCE_TF_AVAILABLE'] = '1' (import tpu_helpers does) before"
         " importing transformers, then restart the runtime",

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import tpu_helpers._env  # noqa: F401
+from tpu_helpers.checks import FAIL, PASS, WARN, Check
 
 
 def masked_sparse_crossentropy(labels, logits):
@@ -99,23 +100,6 @@ def tracing_count(function) -> int:
 
 
 # --- preflight -------------------------------------------------------------------------
-PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
-
-
-@dataclass(frozen=True)
-class Check:
-    """One line of a preflight report."""
-
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
-
-    def __str__(self) -> str:
-        line = f"{self.status}  {self.name}: {self.detail}"
-        return line + (f"\n      fix: {self.fix}" if self.fix and self.status != PASS else "")
-
-
 class PreflightError(RuntimeError):
     """A preflight check failed; the message is the whole report."""
 
