@@ -117,18 +117,27 @@ def scan_images(paths: Sequence[str]) -> dict[str, str]:
 
 def missing_files(paths: Sequence[str]) -> list[str]:
     """The paths that do not exist, found by listing each folder once (one request per
-    folder on a bucket, instead of one per file)."""
+    folder on a bucket, instead of one per file). Folders that cannot be listed are not
+    checked (reading their files reports a missing one)."""
     import tensorflow as tf
 
     folders: dict[str, set] = {}
     for path in paths:
         folders.setdefault(str(path).rsplit("/", 1)[0], set())
+    unlisted = set()
     for folder, names in folders.items():
         try:
             names.update(tf.io.gfile.listdir(folder))
         except tf.errors.NotFoundError:
-            pass
-    return [p for p in paths if str(p).rsplit("/", 1)[-1] not in folders[str(p).rsplit("/", 1)[0]]]
+            pass  # no such folder: every file in it is missing
+        except tf.errors.OpError:
+            unlisted.add(folder)  # e.g. a public bucket that allows reading, not listing
+    missing = []
+    for path in paths:
+        folder, name = str(path).rsplit("/", 1)
+        if folder not in unlisted and name not in folders[folder]:
+            missing.append(path)
+    return missing
 
 
 def _valid(data):
