@@ -189,3 +189,8 @@ def test_images_round_trip_through_tfrecords(bucket):
     assert order == labels
     for i, path in enumerate(paths):
         assert np.abs(pixels[i] - _processor_pixels(path)).mean() < 0.03
+    training = images.image_records_dataset("ram://images-records", SPEC, 3, training=True)
+    shuffled = [(f["pixel_values"].numpy(), y.numpy()) for f, y in training]
+    assert [p.shape for p, _ in shuffled] == [(3, 3, 32, 32)] * 2
+    assert sorted(np.concatenate([y for _, y in shuffled]).tolist()) == sorted(labels)
+    assert not np.allclose(np.concatenate([p for p, _ in shuffled]), pixels)  # augmented

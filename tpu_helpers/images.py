@@ -140,10 +140,11 @@ def missing_files(paths: Sequence[str]) -> list[str]:
     return missing
 
 
-def _valid(data):
+def _valid(data, jpeg_only: bool = False):
     """``image_problem`` as a handful of TensorFlow ops, without control flow (each
     ``tf.cond`` costs a function call per image): True when the bytes look whole.
-    Binary separators in ``tf.strings.split`` find the end markers."""
+    Binary separators in ``tf.strings.split`` find the end markers. ``jpeg_only``: the
+    files are all named as JPEGs, so only the JPEG check runs (a PNG so named fails it)."""
     import tensorflow as tf
 
     n = tf.strings.length(data)
@@ -154,6 +155,8 @@ def _valid(data):
         return tf.size(tf.strings.split(text, sep=marker)) > 1
 
     jpeg = (tf.strings.substr(head, 0, 3) == _JPEG) & has(b"\xff\xd9", tail)
+    if jpeg_only:
+        return jpeg
     last16 = tf.strings.substr(tail, tf.maximum(tf.strings.length(tail) - 16, 0), 16)
     png = (head == _PNG) & has(b"IEND", last16)
     gif = (tf.strings.substr(head, 0, 6) == _OTHER[0]) | (
@@ -185,7 +188,7 @@ def jpeg_scale(paths: Sequence[str], height: int, width: int, sample: int = 16) 
     return scale
 
 
-def decode_image(data, height: int, width: int, scale: int = 0):
+def decode_image(data, height: int, width: int, scale: int = 0, seed=None):
     """Decode image bytes to an RGB uint8 image of ``height x width``.
 
     ``scale`` 1, 2, 4 or 8 (from ``jpeg_scale``): the bytes are a JPEG, decoded at that
@@ -193,15 +196,18 @@ def decode_image(data, height: int, width: int, scale: int = 0):
     plain resize would alias), then resized bilinearly. ``scale=0``: any of JPEG, PNG,
     GIF, BMP, decoded in full and resized with antialiasing. Either way the result is
     rounded to uint8, as the Hugging Face processors do with PIL: within about 1 % of
-    their pixels.
+    their pixels. With a stateless ``seed`` pair the decoded image is first randomly
+    cropped and flipped (``crop_and_flip``), so augmenting costs no second resize.
     """
     import tensorflow as tf
 
     if scale:
-        image = tf.image.resize(tf.io.decode_jpeg(data, 3, ratio=scale), [height, width])
+        image = tf.io.decode_jpeg(data, 3, ratio=scale)
     else:
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
-        image = tf.image.resize(image, [height, width], antialias=True)
+    if seed is not None:
+        image = crop_and_flip(image, seed)
+    image = tf.image.resize(image, [height, width], antialias=not scale)
     image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
     return tf.ensure_shape(image, [height, width, 3])
 
@@ -216,18 +222,29 @@ def load_image(path: str, height: int | None = None, width: int | None = None):
     return decode_image(data, height, width).numpy()
 
 
+def crop_and_flip(image, seed):
+    """A random crop of 80-100 % of each side and a random horizontal flip, from a
+    stateless ``seed`` pair (so runs repeat and epochs differ); any image size."""
+    import tensorflow as tf
+
+    shape = tf.shape(image)
+    side = tf.random.stateless_uniform([], seed + 1, 0.8, 1.0)
+    crop = [
+        tf.cast(side * tf.cast(shape[0], tf.float32), tf.int32),
+        tf.cast(side * tf.cast(shape[1], tf.float32), tf.int32),
+        3,
+    ]
+    image = tf.image.stateless_random_crop(image, crop, seed + 2)
+    return tf.image.stateless_random_flip_left_right(image, seed)
+
+
 def augment(image, seed):
-    """Random horizontal flip and a random crop of 80-100 % of the side resized back, on
-    a uint8 image, from a stateless ``seed`` pair (so runs repeat, epochs differ)."""
+    """``crop_and_flip`` a uint8 image and resize it back to its size (for images
+    already decoded and resized, such as cached ones)."""
     import tensorflow as tf
 
     height, width = image.shape[0], image.shape[1]
-    image = tf.image.stateless_random_flip_left_right(image, seed)
-    scale = tf.random.stateless_uniform([], seed + 1, 0.8, 1.0)
-    crop_h = tf.cast(scale * height, tf.int32)
-    crop_w = tf.cast(scale * width, tf.int32)
-    image = tf.image.stateless_random_crop(image, [crop_h, crop_w, 3], seed + 2)
-    image = tf.image.resize(image, [height, width])
+    image = tf.image.resize(crop_and_flip(image, seed), [height, width])
     image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
     return tf.ensure_shape(image, [height, width, 3])
 
@@ -312,10 +329,10 @@ def image_dataset(
     steps = len(paths) // batch_size
     scale = jpeg_scale(paths, spec.height, spec.width) if reduced_decode else 0
 
-    def load(path, label, weight):
+    def load(path, label, weight, seed=None):
         data = tf.io.read_file(path)
         check = tf.debugging.Assert(
-            _valid(data),
+            _valid(data, jpeg_only=scale > 0),
             [
                 "Not a complete JPEG/PNG/GIF/BMP image:",
                 path,
@@ -323,21 +340,26 @@ def image_dataset(
             ],
         )
         with tf.control_dependencies([check]):
-            image = decode_image(data, spec.height, spec.width, scale)
+            image = decode_image(data, spec.height, spec.width, scale, seed)
         return image, label, weight
 
     ds = tf.data.Dataset.from_tensor_slices((paths, labels, weights))
     if training:
         ds = ds.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)  # in order: seeds pair up
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+    if training and not cache:  # crop and flip before the one resize
+        ds = tf.data.Dataset.zip((ds, seeds)).map(
+            lambda item, s: load(*item, seed=s), num_parallel_calls=tf.data.AUTOTUNE
+        )
+    else:
+        ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
     if cache:
         ds = ds.cache()
-    if training:
-        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-        ds = tf.data.Dataset.zip((ds, seeds)).map(
-            lambda item, s: (augment(item[0], s), item[1], item[2]),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
+        if training:  # the cache holds resized images: augment them after it
+            ds = tf.data.Dataset.zip((ds, seeds)).map(
+                lambda item, s: (augment(item[0], s), item[1], item[2]),
+                num_parallel_calls=tf.data.AUTOTUNE,
+            )
 
     def finish(image, label, weight):  # whole batches: one vectorized normalization
         features = {"pixel_values": normalize(image, spec)}
@@ -393,16 +415,16 @@ def image_records_dataset(
     if training:
         ds = ds.shuffle(2048, seed=seed, reshuffle_each_iteration=True)
 
-    def load(record):
+    def load(record, seed=None):
         ex = tf.io.parse_single_example(record, features)
-        return decode_image(ex["image"], spec.height, spec.width), tf.cast(ex["label"], tf.int32)
+        image = decode_image(ex["image"], spec.height, spec.width, seed=seed)
+        return image, tf.cast(ex["label"], tf.int32)
 
-    ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)  # in order: seeds pair up
-    if training:
+    if training:  # crop and flip before the one resize
         seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-        ds = tf.data.Dataset.zip((ds, seeds)).map(
-            lambda item, s: (augment(item[0], s), item[1]), num_parallel_calls=tf.data.AUTOTUNE
-        )
+        ds = tf.data.Dataset.zip((ds, seeds)).map(load, num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.batch(batch_size, drop_remainder=True)
     ds = ds.map(lambda image, label: ({"pixel_values": normalize(image, spec)}, label))
     ds = ds.prefetch(tf.data.AUTOTUNE)
