@@ -208,7 +208,7 @@ def decode_image(data, height: int, width: int, scale: int = 0, seed=None):
     if seed is not None:
         image = crop_and_flip(image, seed)
     image = tf.image.resize(image, [height, width], antialias=not scale)
-    image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+    image = tf.cast(image + 0.5, tf.uint8)  # round; both resizes stay within 0-255
     return tf.ensure_shape(image, [height, width, 3])
 
 
@@ -245,7 +245,7 @@ def augment(image, seed):
 
     height, width = image.shape[0], image.shape[1]
     image = tf.image.resize(crop_and_flip(image, seed), [height, width])
-    image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+    image = tf.cast(image + 0.5, tf.uint8)  # round; both resizes stay within 0-255
     return tf.ensure_shape(image, [height, width, 3])
 
 
