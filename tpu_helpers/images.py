@@ -251,19 +251,19 @@ def augment(image, seed):
 
 def normalize(images, spec: ImageSpec):
     """uint8 images ``[..., H, W, 3]`` -> float32 ``pixel_values`` ``[..., 3, H, W]``:
-    rescale, normalize with the processor's mean and std (one multiply-add), channels
-    first. Applied to whole batches, where it is one vectorized op."""
+    channels first (moved while still uint8: a quarter of the bytes), then rescale and
+    normalize with the processor's mean and std as one multiply-add. Applied to whole
+    batches."""
     import tensorflow as tf
 
-    images = tf.cast(images, tf.float32)
-    if spec.do_normalize:
-        scale = tf.constant([spec.rescale_factor / s for s in spec.std])
-        shift = tf.constant([-m / s for m, s in zip(spec.mean, spec.std, strict=True)])
-        images = images * scale + shift
-    else:
-        images = images * spec.rescale_factor
     rank = images.shape.rank
-    return tf.transpose(images, [*range(rank - 3), rank - 1, rank - 3, rank - 2])
+    images = tf.transpose(images, [*range(rank - 3), rank - 1, rank - 3, rank - 2])
+    images = tf.cast(images, tf.float32)
+    if not spec.do_normalize:
+        return images * spec.rescale_factor
+    scale = tf.constant([spec.rescale_factor / s for s in spec.std], shape=[3, 1, 1])
+    shift = tf.constant([-m / s for m, s in zip(spec.mean, spec.std, strict=True)], shape=[3, 1, 1])
+    return images * scale + shift
 
 
 # --- the pipeline -----------------------------------------------------------------------
