@@ -225,6 +225,9 @@ def test_corrupt_shard_is_named_and_can_be_skipped(tmp_path, capsys):
     assert "train-00001-of-00004" in out
     idx = [int(x) for f, _ in ds for x in f["idx"]]
     assert ds.steps == 15 and sorted(idx) == [i for i in range(200) if not 50 <= i < 100]
+    source = records.open_records(str(tmp_path), on_corrupt="skip")
+    assert source.skipped_records == 50 and len(source.skipped) == 1
+    assert source.num_records == 150
 
 
 def test_metadata_that_disagrees_with_the_files(tmp_path):

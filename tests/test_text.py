@@ -118,16 +118,21 @@ def test_load_errors_name_the_split_and_column(fixtures_dir):
         text.load_text_dataset(str(fixtures_dir / "no-such-folder"))
 
 
+def _counting_split(seed, n=100):
+    """Rows 1..length as token ids, label = length % 2: a batch row tells its own length."""
+    lengths = np.random.default_rng(seed).integers(2, 40, n)
+    return {
+        "input_ids": [list(range(1, k + 1)) for k in lengths],
+        "length": lengths.tolist(),
+        "label": [int(k % 2) for k in lengths],
+    }
+
+
 def test_tf_dataset_batches_match_the_plan():
     import tensorflow as tf
 
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(2, 40, 100)
-    split = {
-        "input_ids": [list(range(1, n + 1)) for n in lengths],
-        "length": lengths.tolist(),
-        "label": [n % 2 for n in lengths],
-    }
+    split = _counting_split(seed=0)
+    lengths = np.array(split["length"])
     bounds = text.choose_boundaries(lengths, 3)
     ds = text.make_text_dataset(split, 16, bounds, epochs=2)
     seen_weight = 0.0
@@ -169,13 +174,7 @@ def test_count_steps_matches_the_plan():
 
 
 def test_longest_padded_batches_are_as_wide_as_their_longest_row():
-    rng = np.random.default_rng(1)
-    lengths = rng.integers(2, 40, 100)
-    split = {
-        "input_ids": [list(range(1, n + 1)) for n in lengths],
-        "length": lengths.tolist(),
-        "label": [int(n % 2) for n in lengths],
-    }
+    split = _counting_split(seed=1)
     ds = text.longest_padded_dataset(split, 16, seed=3)
     seen = []
     widths = set()
