@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tpu_helpers import images  # noqa: E402  (sets the Keras flag before TF loads)
+from tpu_helpers.metrics import examples_per_second  # noqa: E402
 
 BATCH = 32
 
@@ -69,18 +69,6 @@ def tutorial(paths, labels, spec):
     return ds.map(decode_fn).batch(BATCH, drop_remainder=True)
 
 
-def images_per_second(ds) -> float:
-    import tensorflow as tf
-
-    def count(n, batch):
-        features = batch[0] if isinstance(batch, tuple) else batch
-        return n + tf.shape(features["pixel_values"], out_type=tf.int64)[0]
-
-    start = time.perf_counter()
-    n = int(ds.reduce(tf.constant(0, tf.int64), count))
-    return n / (time.perf_counter() - start)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=300)
@@ -106,11 +94,11 @@ def main() -> None:
             "image_dataset, cache=True, 2nd pass": cached,
         }
         for ds in pipelines.values():
-            images_per_second(ds)  # warm up: trace, fill the cache, read the files once
+            examples_per_second(ds)  # warm up: trace, fill the cache, read the files once
         best = dict.fromkeys(pipelines, 0.0)
         for _ in range(args.rounds):
             for name, ds in pipelines.items():
-                best[name] = max(best[name], images_per_second(ds))
+                best[name] = max(best[name], examples_per_second(ds))
     base = best["tutorial map(decode_fn)"]
     print(
         f"{args.images} JPEGs of 500x500 -> {args.size}x{args.size}, batch {BATCH},"

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from tpu_helpers import records  # noqa: E402  (sets the Keras flag before TF loads)
+from tpu_helpers.metrics import count_examples  # noqa: E402
 
 BATCH = 32
 
@@ -92,20 +93,6 @@ def folder_bytes(path):
     import tensorflow as tf
 
     return sum(tf.io.gfile.stat(p).length for p in tf.io.gfile.glob(f"{path}/*.tfrecord*"))
-
-
-def iterate(ds):
-    """Examples in ``ds``, counted inside the TensorFlow runtime (as ``fit`` consumes a
-    dataset), so Python's per-batch cost is not part of any figure."""
-    import tensorflow as tf
-
-    def rows(batch):
-        first = batch[0] if isinstance(batch, tuple) else batch
-        if isinstance(first, dict):
-            first = next(iter(first.values()))
-        return tf.shape(first, out_type=tf.int64)[0]
-
-    return int(ds.reduce(tf.constant(0, tf.int64), lambda n, batch: n + rows(batch)))
 
 
 def memory_child(scale: int, fixtures: str) -> None:
@@ -202,9 +189,9 @@ def main() -> None:
     rates = {}
     for name, make in readers:
         ds = make()
-        iterate(ds)  # warm the page cache and trace the functions
-        count = iterate(ds)
-        rates[name] = count / best(lambda ds=ds: iterate(ds), args.repeats)
+        count_examples(ds)  # warm the page cache and trace the functions
+        count = count_examples(ds)
+        rates[name] = count / best(lambda ds=ds: count_examples(ds), args.repeats)
     ceiling = rates[readers[0][0]]
     tut_rate = rates[readers[1][0]]
     print("\n| reader (batch 32) | examples/s | of raw rate | vs tutorial |\n|---|---|---|---|")

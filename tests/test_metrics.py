@@ -69,3 +69,16 @@ def test_predict_classes_distributes_a_plain_dataset_across_replicas():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "result 24 24 24" in result.stdout
+
+
+def test_count_examples_in_the_runtime():
+    import numpy as np
+    import tensorflow as tf
+
+    from tpu_helpers.metrics import count_examples, examples_per_second
+
+    x = np.arange(42, dtype=np.float32)
+    plain = tf.data.Dataset.from_tensor_slices(x).batch(8)
+    nested = tf.data.Dataset.from_tensor_slices(({"ids": x}, x, x)).batch(8, drop_remainder=True)
+    assert count_examples(plain) == 42 and count_examples(nested) == 40
+    assert examples_per_second(nested, passes=2) > 0

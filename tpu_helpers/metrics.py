@@ -74,3 +74,30 @@ def predict_classes(model, dataset, steps: int, strategy):
         labels += [x.numpy() for x in local(y)]
         weights += [x.numpy() for x in local(w)]
     return np.concatenate(labels), np.concatenate(preds), np.concatenate(weights)
+
+
+def count_examples(dataset) -> int:
+    """Rows in a batched ``tf.data.Dataset``, counted inside the TensorFlow runtime (as
+    ``fit`` consumes a dataset, so Python's cost per batch is not part of the count's
+    time). Elements may be tensors, dicts, or tuples whose first item is either."""
+    import tensorflow as tf
+
+    def rows(n, element):
+        first = element[0] if isinstance(element, tuple) else element
+        if isinstance(first, dict):
+            first = next(iter(first.values()))
+        return n + tf.shape(first, out_type=tf.int64)[0]
+
+    return int(dataset.reduce(tf.constant(0, tf.int64), rows))
+
+
+def examples_per_second(dataset, passes: int = 1) -> float:
+    """The best rate over ``passes`` full passes of ``count_examples``."""
+    import time
+
+    best = 0.0
+    for _ in range(passes):
+        start = time.perf_counter()
+        count = count_examples(dataset)
+        best = max(best, count / (time.perf_counter() - start))
+    return best
