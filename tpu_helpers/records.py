@@ -38,6 +38,14 @@ import tpu_helpers._env  # noqa: F401
 FORMAT = "tpu_helpers.records/1"
 DEFAULT_SHARD_BYTES = 100 * 1024 * 1024
 _DTYPES = ("int64", "float32", "bytes")
+_LIST_KIND = {"int64": "int64_list", "float32": "float_list", "bytes": "bytes_list"}
+
+
+def _tf_dtypes() -> dict:
+    """Our dtype names -> TensorFlow dtypes (TensorFlow is imported only when needed)."""
+    import tensorflow as tf
+
+    return {"int64": tf.int64, "float32": tf.float32, "bytes": tf.string}
 
 
 # --- the tf.train.Example wire format --------------------------------------------------
@@ -504,7 +512,7 @@ class RecordsError(ValueError):
 def _spec_to_tf(features: Mapping[str, Mapping]) -> dict:
     import tensorflow as tf
 
-    tf_dtype = {"int64": tf.int64, "float32": tf.float32, "bytes": tf.string}
+    tf_dtype = _tf_dtypes()
     spec = {}
     for name, f in features.items():
         if f["dtype"] not in _DTYPES:
@@ -602,18 +610,26 @@ def scan_shard(path: str, compression: str | None = None) -> tuple[int, str | No
     return count, None
 
 
+def shard_problem(shard: Shard, compression: str | None = None) -> tuple[int, str | None]:
+    """Read one shard through (checking CRCs): ``(records read, problem or None)``. A
+    problem is a read error (TensorFlow names the offset) or a count that differs from the
+    metadata's."""
+    count, error = scan_shard(shard.path, compression)
+    if error:
+        return count, f"{error} (after {count} good records)"
+    if shard.num_records is not None and count != shard.num_records:
+        return count, f"{count} records, the metadata says {shard.num_records}"
+    return count, None
+
+
 def verify_records(path: str) -> list[str]:
-    """Read every shard of a record set and return its problems (empty when sound):
-    corrupt or truncated shards with the error TensorFlow gives (it names the offset),
-    and record counts that differ from the metadata."""
+    """Read every shard of a record set and return its problems (empty when sound)."""
     metadata = load_metadata(path)
     problems = []
     for shard in _metadata_shards(metadata, check_sizes=False):
-        count, error = scan_shard(shard.path, metadata.get("compression"))
-        if error:
-            problems.append(f"{shard.path}: {error} (after {count} good records)")
-        elif count != shard.num_records:
-            problems.append(f"{shard.path}: {count} records, the metadata says {shard.num_records}")
+        _, problem = shard_problem(shard, metadata.get("compression"))
+        if problem:
+            problems.append(f"{shard.path}: {problem}")
     return problems
 
 
@@ -693,11 +709,9 @@ def open_records(
     if on_corrupt == "skip":
         good = []
         for shard in shards:
-            count, error = scan_shard(shard.path, compression)
-            if error or (shard.num_records is not None and count != shard.num_records):
-                skipped.append(
-                    f"{shard.path}: {error or f'{count} records, not {shard.num_records}'}"
-                )
+            count, problem = shard_problem(shard, compression)
+            if problem:
+                skipped.append(f"{shard.path}: {problem}")
                 lost += shard.num_records if shard.num_records is not None else count
             else:
                 good.append(Shard(shard.path, count, shard.lengths))
@@ -719,7 +733,7 @@ def _normalise(spec: Mapping) -> dict:
     out = {}
     for name, f in spec.items():
         if isinstance(f, tf.io.FixedLenFeature):
-            dtype = {tf.int64: "int64", tf.float32: "float32", tf.string: "bytes"}[f.dtype]
+            dtype = {v: k for k, v in _tf_dtypes().items()}[f.dtype]
             out[name] = {"dtype": dtype, "shape": list(f.shape)}
         else:
             out[name] = {"dtype": f["dtype"], "shape": list(f["shape"])}
@@ -741,7 +755,7 @@ def _check_first_record(path: str, features: dict, compression: str | None) -> N
                 f" {sorted(example)}. Fix: correct the spec."
             )
         kind = example[name].WhichOneof("kind")
-        want = {"int64": "int64_list", "float32": "float_list", "bytes": "bytes_list"}[f["dtype"]]
+        want = _LIST_KIND[f["dtype"]]
         if kind != want:
             raise RecordsError(
                 f"Feature {name!r} in {path} is a {kind}, the spec says {f['dtype']}."
