@@ -287,3 +287,19 @@ def test_train_counting_compiles_counts_one_compilation_per_shape():
     assert run.tokens == 4 * (8 + 16 + 8 + 24 + 16 + 8) and run.padding_fraction == 0.5
     assert run.steady_real_tokens == 4 * (4 + 8 + 4)  # the steps that reused a program
     assert run.row()["compilations"] == 3
+
+
+def test_shape_report_takes_a_dataset_or_a_list_of_batches():
+    ds = token_batches(n=40, batch=8)
+    from_dataset, from_list = xla.shape_report(ds, n=3), xla.shape_report(list(ds), n=3)
+    assert from_dataset == from_list and from_list.batches == 3 and from_list.distinct == 1
+
+
+def test_compiled_hlo_of_a_function_or_a_tf_function():
+    x = tf.constant([1.0, -2.0, 3.0])
+    plain = xla.compiled_hlo(lambda v: tf.reduce_sum(v * 2.0), x)
+    compiled = xla.compiled_hlo(
+        tf.function(lambda v: tf.boolean_mask(v, v > 0), jit_compile=True), x
+    )
+    assert plain.startswith("HloModule") and xla.dynamic_shape_ops(plain) == []
+    assert "Where" in xla.dynamic_shape_ops(compiled)

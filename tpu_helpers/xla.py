@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import tpu_helpers._env  # noqa: F401
 from tpu_helpers.checks import FAIL, PASS, WARN, Check
+from tpu_helpers.metrics import logits_of
 
 
 def masked_sparse_crossentropy(labels, logits):
@@ -56,25 +57,48 @@ def _features(element):
     return element[0] if isinstance(element, tuple) else element
 
 
+def _element_stats(element) -> tuple[tuple, int, int]:
+    """``(shape key, real tokens, tokens)`` of one batch; tokens from its attention mask
+    (0, 0 without one)."""
+    import numpy as np
+
+    features = _features(element)
+    items = sorted(features.items()) if isinstance(features, dict) else [("x", features)]
+    key = tuple((k, tuple(v.shape)) for k, v in items)
+    if isinstance(features, dict) and "attention_mask" in features:
+        mask = np.asarray(features["attention_mask"])
+        return key, int(mask.sum()), int(mask.size)
+    return key, 0, 0
+
+
 def shape_report(dataset, n: int = 50) -> ShapeReport:
-    """Look at the first ``n`` elements of ``dataset`` (plain ``tf.data``) and count shapes.
+    """Look at the first ``n`` batches of ``dataset`` (a plain ``tf.data.Dataset`` or any
+    iterable of batches) and count shapes.
 
     A shape is the tuple of every feature's shape; ``attention_mask`` (if present) gives
     the padding share.
     """
+    from itertools import islice
+
+    elements = dataset.take(n) if hasattr(dataset, "take") else islice(dataset, n)
     counts: Counter = Counter()
-    real = total = 0
-    seen = 0
-    for element in dataset.take(n):
-        features = _features(element)
-        items = sorted(features.items()) if isinstance(features, dict) else [("x", features)]
-        counts[tuple((k, tuple(v.shape)) for k, v in items)] += 1
-        if isinstance(features, dict) and "attention_mask" in features:
-            mask = features["attention_mask"].numpy()
-            real, total = real + int(mask.sum()), total + mask.size
-        seen += 1
+    real = total = seen = 0
+    for element in elements:
+        key, element_real, element_total = _element_stats(element)
+        counts[key] += 1
+        real, total, seen = real + element_real, total + element_total, seen + 1
     shapes = {", ".join(f"{k}{list(s)}" for k, s in key): c for key, c in counts.most_common()}
     return ShapeReport(shapes, seen, (1 - real / total) if total else None)
+
+
+def compiled_hlo(function, *args) -> str:
+    """The HLO text XLA compiles ``function`` (a Python function or a ``tf.function``
+    with ``jit_compile=True``) to for these arguments, on the current device."""
+    import tensorflow as tf
+
+    if not hasattr(function, "experimental_get_compiler_ir"):
+        function = tf.function(function, jit_compile=True)
+    return function.experimental_get_compiler_ir(*args)(stage="hlo")
 
 
 def tracing_count(function) -> int:
@@ -246,15 +270,14 @@ def _compile_checks(model, batches, train_step) -> list[Check]:
                 y, w = (list(rest) + [None, None])[:2]
                 with tf.GradientTape() as tape:
                     out = copy(x, training=True)
-                    logits = getattr(out, "logits", out)
+                    logits = logits_of(out)
                     loss = loss_fn(y, logits, w) if y is not None else tf.reduce_mean(logits)
                 grads = tape.gradient(loss, copy.trainable_variables)
                 return loss, [tf.convert_to_tensor(g) for g in grads if g is not None]
 
         step = tf.function(train_step, jit_compile=True)
         with tf.device("/CPU:0"):
-            hlo_a = step.experimental_get_compiler_ir(*first)(stage="hlo")
-            hlo_b = step.experimental_get_compiler_ir(*second)(stage="hlo")
+            hlo_a, hlo_b = compiled_hlo(step, *first), compiled_hlo(step, *second)
             result = step(*first)
             loss = result[0] if isinstance(result, (tuple, list)) else result
     except Exception as err:  # noqa: BLE001  (every compile error is translated and reported)
@@ -383,7 +406,7 @@ def preflight(
             "strings: tokenize/decode in the pipeline; float64: cast to float32 (or bfloat16)",
         )
     )
-    report = shape_report(_ListDataset(taken), n=len(taken))
+    report = shape_report(taken, n=len(taken))
     checks.append(
         Check(
             "few input shapes",
@@ -409,16 +432,6 @@ def preflight(
     if raise_on_failure and not result.ok:
         raise PreflightError(str(result))
     return result
-
-
-class _ListDataset:
-    """The few batches preflight already read, with the ``take`` that shape_report uses."""
-
-    def __init__(self, items):
-        self.items = items
-
-    def take(self, n):
-        return self.items[:n]
 
 
 # --- what padding costs under XLA -------------------------------------------------------
@@ -482,7 +495,7 @@ def train_counting_compiles(model, dataset, optimizer, loss=None, name: str = ""
     def train_step(x, y, w):
         with tf.GradientTape() as tape:
             out = model(x, training=True)
-            value = loss(y, getattr(out, "logits", out), sample_weight=w)
+            value = loss(y, logits_of(out), sample_weight=w)
         grads = tape.gradient(value, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return value
@@ -521,11 +534,9 @@ def _count(step, dataset, name):
             compiles += 1
             compile_seconds += time.perf_counter() - began
         steps += 1
-        shapes.add(tuple(tuple(t.shape) for t in tf.nest.flatten(x)))
-        if isinstance(x, dict) and "attention_mask" in x:
-            mask = x["attention_mask"]
-            count = int(tf.reduce_sum(mask))
-            real, total = real + count, total + int(tf.size(mask))
-            steady += 0 if compiled else count
+        key, count, size = _element_stats(element)
+        shapes.add(key)
+        real, total = real + count, total + size
+        steady += 0 if compiled else count
     seconds = time.perf_counter() - start
     return XlaRun(name, steps, seconds, compiles, compile_seconds, len(shapes), real, total, steady)
