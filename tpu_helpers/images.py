@@ -207,9 +207,7 @@ def decode_image(data, height: int, width: int, scale: int = 0, seed=None):
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
     if seed is not None:
         image = crop_and_flip(image, seed)
-    image = tf.image.resize(image, [height, width], antialias=not scale)
-    image = tf.cast(image + 0.5, tf.uint8)  # round; both resizes stay within 0-255
-    return tf.ensure_shape(image, [height, width, 3])
+    return _to_uint8(tf.image.resize(image, [height, width], antialias=not scale))
 
 
 def load_image(path: str, height: int | None = None, width: int | None = None):
@@ -220,6 +218,37 @@ def load_image(path: str, height: int | None = None, width: int | None = None):
     if height is None:
         return tf.io.decode_image(data, channels=3, expand_animations=False).numpy()
     return decode_image(data, height, width).numpy()
+
+
+def _to_uint8(image):
+    """Round a resized float image to uint8 (bilinear resizes of uint8 images stay within
+    0-255, so no clipping), keeping its static shape."""
+    import tensorflow as tf
+
+    return tf.ensure_shape(tf.cast(image + 0.5, tf.uint8), [*image.shape[:2], 3])
+
+
+def _augmentation_seeds(seed: int):
+    """Stateless seed pairs, one per element, new every epoch, the same for one ``seed``."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+
+
+def _batches(ds, spec: ImageSpec, batch_size: int, steps: int, with_weights: bool):
+    """Full batches of uint8 images -> ``({"pixel_values"}, labels[, weights])``,
+    normalized per batch, prefetched, with ``steps`` asserted and stored."""
+    import tensorflow as tf
+
+    def finish(image, label, *weight):
+        features = {"pixel_values": normalize(image, spec)}
+        return (features, label, *weight) if with_weights else (features, label)
+
+    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
+    ds.steps = steps
+    return ds
 
 
 def crop_and_flip(image, seed):
@@ -244,9 +273,7 @@ def augment(image, seed):
     import tensorflow as tf
 
     height, width = image.shape[0], image.shape[1]
-    image = tf.image.resize(crop_and_flip(image, seed), [height, width])
-    image = tf.cast(image + 0.5, tf.uint8)  # round; both resizes stay within 0-255
-    return tf.ensure_shape(image, [height, width, 3])
+    return _to_uint8(tf.image.resize(crop_and_flip(image, seed), [height, width]))
 
 
 def normalize(images, spec: ImageSpec):
@@ -346,7 +373,7 @@ def image_dataset(
     ds = tf.data.Dataset.from_tensor_slices((paths, labels, weights))
     if training:
         ds = ds.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
-    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+    seeds = _augmentation_seeds(seed)
     if training and not cache:  # crop and flip before the one resize
         ds = tf.data.Dataset.zip((ds, seeds)).map(
             lambda item, s: load(*item, seed=s), num_parallel_calls=tf.data.AUTOTUNE
@@ -361,15 +388,7 @@ def image_dataset(
                 num_parallel_calls=tf.data.AUTOTUNE,
             )
 
-    def finish(image, label, weight):  # whole batches: one vectorized normalization
-        features = {"pixel_values": normalize(image, spec)}
-        return (features, label) if training else (features, label, weight)
-
-    ds = ds.batch(batch_size, drop_remainder=True)
-    ds = ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
-    ds.steps = steps
-    return ds
+    return _batches(ds, spec, batch_size, steps, with_weights=not training)
 
 
 # --- images as TFRecords ----------------------------------------------------------------
@@ -421,14 +440,10 @@ def image_records_dataset(
         return image, tf.cast(ex["label"], tf.int32)
 
     if training:  # crop and flip before the one resize
-        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-        ds = tf.data.Dataset.zip((ds, seeds)).map(load, num_parallel_calls=tf.data.AUTOTUNE)
+        ds = tf.data.Dataset.zip((ds, _augmentation_seeds(seed))).map(
+            load, num_parallel_calls=tf.data.AUTOTUNE
+        )
     else:
         ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.batch(batch_size, drop_remainder=True)
-    ds = ds.map(lambda image, label: ({"pixel_values": normalize(image, spec)}, label))
-    ds = ds.prefetch(tf.data.AUTOTUNE)
     steps = opened.num_records // batch_size
-    ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
-    ds.steps = steps
-    return ds
+    return _batches(ds, spec, batch_size, steps, with_weights=False)
