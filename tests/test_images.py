@@ -49,15 +49,19 @@ def _processor_pixels(path, size=32):
 
 
 def test_spec_is_read_from_the_processor(fixtures_dir):
-    from transformers import AutoImageProcessor, ConvNextImageProcessor
+    from transformers import AutoImageProcessor, CLIPImageProcessor, ConvNextImageProcessor
 
     spec = images.ImageSpec.from_processor(
         AutoImageProcessor.from_pretrained(str(fixtures_dir / "tiny-vit"))
     )
     assert (spec.height, spec.width, spec.mean, spec.std) == (32, 32, (0.5,) * 3, (0.5,) * 3)
     assert spec.rescale_factor == pytest.approx(1 / 255)
-    other = ConvNextImageProcessor(size={"shortest_edge": 64}, crop_size={"height": 56})
-    assert images.ImageSpec.from_processor(other).height in (56, 64)
+    convnext = images.ImageSpec.from_processor(ConvNextImageProcessor(size={"shortest_edge": 64}))
+    assert (convnext.height, convnext.width) == (64, 64)
+    clip = images.ImageSpec.from_processor(
+        CLIPImageProcessor(size={"shortest_edge": 64}, crop_size={"height": 56, "width": 56})
+    )
+    assert (clip.height, clip.width) == (56, 56) and clip.mean[0] == pytest.approx(0.4815, 1e-3)
 
 
 def test_rebase_paths_keeps_class_folder_and_file():

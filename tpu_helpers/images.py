@@ -44,10 +44,12 @@ class ImageSpec:
         size = processor.size
         if "height" in size:
             height, width = size["height"], size["width"]
-        elif "shortest_edge" in size:  # resized then center-cropped by the processor
+        elif "shortest_edge" in size:  # square output: the center crop, else the edge
             crop = getattr(processor, "crop_size", None) or {}
-            height = crop.get("height", size["shortest_edge"])
-            width = crop.get("width", size["shortest_edge"])
+            if getattr(processor, "do_center_crop", False) and "height" in crop:
+                height, width = crop["height"], crop.get("width", crop["height"])
+            else:
+                height = width = size["shortest_edge"]
         else:
             raise ValueError(f"Unsupported processor size {size!r}: expected height/width.")
         return cls(
