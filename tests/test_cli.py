@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+from tpu_helpers.doctor import CHECKS
+
 
 def cli(*args):
     return subprocess.run(
@@ -12,7 +14,7 @@ def test_doctor_passes_on_the_pinned_stack():
     result = cli("doctor")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS  tf-keras" in result.stdout and "FAIL" not in result.stdout
-    assert result.stdout.rstrip().endswith("doctor: 7 checks, 0 failing")
+    assert result.stdout.rstrip().endswith(f"doctor: {len(CHECKS)} checks, 0 failing")
 
 
 def test_doctor_exits_non_zero_when_a_check_fails():
@@ -32,6 +34,12 @@ def test_doctor_exits_non_zero_when_a_check_fails():
 def test_plan_is_empty_on_a_plain_machine():
     result = cli("plan")
     assert result.returncode == 0 and result.stdout == ""
+
+
+def test_install_on_a_plain_machine_changes_nothing():
+    result = cli("install")
+    assert result.returncode == 0, result.stderr
+    assert "nothing to install" in result.stdout
 
 
 def test_help_does_not_import_tensorflow():

@@ -30,8 +30,15 @@ def facts(accelerator="cpu", versions=None, **changes):
         transformers_tf_error=None,
         transformers_sees_tf=True,
         device_types=("CPU",),
+        datasets_sees_tf=True,
     )
     return dataclasses.replace(base, **changes)
+
+
+TPU_VERSIONS = dict(
+    {k: v for k, v in GOOD_VERSIONS.items() if k != "tensorflow"},
+    **{"tensorflow-tpu": "2.20.0", "tf-keras": "2.20.1", "libtpu": "0.0.20"},
+)
 
 
 def by_name(checks):
@@ -46,12 +53,27 @@ def test_good_environment_passes_every_check(capsys):
 
 
 def test_tpu_vm_with_tpu_build_passes():
-    versions = dict(GOOD_VERSIONS, **{"tensorflow-tpu": "2.20.0", "tf-keras": "2.20.1"})
-    del versions["tensorflow"]
     checks = d.doctor(
-        facts("tpu", versions, device_types=("CPU", "TPU", "TPU_SYSTEM")), verbose=False
+        facts("tpu", TPU_VERSIONS, device_types=("CPU", "TPU", "TPU_SYSTEM")), verbose=False
     )
     assert all(c.ok for c in checks)
+    assert "0.0.20" in by_name(checks)["libtpu"].detail
+
+
+@pytest.mark.parametrize(
+    "version, ok",
+    [
+        ("0.0.14", True),
+        ("0.0.31", True),
+        ("0.0.21.1", True),
+        ("0.0.13", False),
+        ("0.0.32", False),
+        ("0.0.52", False),
+    ],
+)
+def test_libtpu_range_edges(version, ok):
+    checks = by_name(d.doctor(facts("tpu", dict(TPU_VERSIONS, libtpu=version)), verbose=False))
+    assert checks["libtpu"].ok is ok
 
 
 @pytest.mark.parametrize(
@@ -88,6 +110,13 @@ def test_tpu_vm_with_tpu_build_passes():
         ("legacy keras", facts(legacy_flag=None), "TF_USE_LEGACY_KERAS"),
         ("legacy keras", facts(keras_module="keras.src.models.model"), "restart"),
         ("tpu devices", facts("tpu", device_types=("CPU",)), "tensorflow-tpu"),
+        ("libtpu", facts("tpu", dict(TPU_VERSIONS, libtpu="0.0.52")), "libtpu==0.0.20"),
+        (
+            "libtpu",
+            facts("tpu", {k: v for k, v in TPU_VERSIONS.items() if k != "libtpu"}),
+            "libtpu==0.0.20",
+        ),
+        ("datasets sees TF", facts("tpu", TPU_VERSIONS, datasets_sees_tf=False), "TF_AVAILABLE"),
         (
             "transformers sees TF",
             facts(

@@ -1,6 +1,15 @@
+import sys
+
 import pytest
 
-from tpu_helpers.runtime import RuntimeFacts, detect_runtime, install, install_commands
+from tpu_helpers import _env
+from tpu_helpers.runtime import (
+    RuntimeFacts,
+    detect_runtime,
+    install,
+    install_commands,
+    pip_argv,
+)
 
 GOOD = {
     "tensorflow": "2.21.0",
@@ -78,21 +87,22 @@ def test_colab_tpu_without_tensorflow():
             "colab", "tpu", transformers="5.1.0", datasets="4.4.1", **{"huggingface-hub": "1.2.0"}
         )
     )
-    assert plan[0].startswith(
-        "pip install -q tensorflow-tpu==2.20.0 -f https://storage.googleapis.com/libtpu"
-    )
+    assert plan[0] == "pip install -q tensorflow-tpu==2.20.0 libtpu==0.0.20"
     assert "pip install -q --no-deps 'tf-keras~=2.20.0'" in plan
-    assert "pip install -q transformers==4.57.6" in plan
-    assert any("datasets>=4,<5.1" in c and "huggingface-hub<1.0" in c for c in plan)
+    assert (
+        plan[-1] == "pip install -q transformers==4.57.6 'datasets>=4,<5.1' 'huggingface-hub<1.0'"
+    )
     assert not any(c.startswith("pip uninstall") for c in plan)
 
 
-def test_kaggle_tpu_with_tensorflow_cpu_swaps_the_build_keeping_the_minor():
+def test_kaggle_tpu_with_tensorflow_cpu_swaps_the_build_for_the_one_known_to_load():
+    # tensorflow-tpu 2.18 / 2.19 ask for a libtpu the package index does not have, so an
+    # image's older minor is not kept: every TPU runtime gets tensorflow-tpu 2.20.0.
     plan = install_commands(
         facts(
             "kaggle",
             "tpu",
-            **{"tensorflow-cpu": "2.19.1", "tf-keras": "2.19.0"},
+            **{"tensorflow-cpu": "2.18.0", "tf-keras": "2.18.0"},
             transformers="4.57.6",
             datasets="4.0.0",
             **{"huggingface-hub": "0.36.0"},
@@ -100,8 +110,16 @@ def test_kaggle_tpu_with_tensorflow_cpu_swaps_the_build_keeping_the_minor():
     )
     assert plan == [
         "pip uninstall -y tensorflow-cpu",
-        "pip install -q 'tensorflow-tpu==2.19.*' -f https://storage.googleapis.com/libtpu-tf-releases/index.html",
+        "pip install -q tensorflow-tpu==2.20.0 libtpu==0.0.20",
+        "pip install -q --no-deps 'tf-keras~=2.20.0'",
     ]
+
+
+@pytest.mark.parametrize("libtpu", ["0.0.52", "0.0.32", None])
+def test_tpu_build_next_to_a_libtpu_that_aborts_gets_the_pinned_libtpu(libtpu):
+    versions = dict(GOOD, **{"tensorflow-tpu": "2.20.0", "tf-keras": "2.20.1", "libtpu": libtpu})
+    del versions["tensorflow"]
+    assert install_commands(facts("colab", "tpu", **versions)) == ["pip install -q libtpu==0.0.20"]
 
 
 def test_tpu_with_tensorflow_newer_than_any_tpu_build():
@@ -112,7 +130,7 @@ def test_tpu_with_tensorflow_newer_than_any_tpu_build():
 
 
 def test_tpu_runtime_already_good():
-    versions = dict(GOOD, **{"tensorflow-tpu": "2.20.0", "tf-keras": "2.20.1"})
+    versions = dict(GOOD, **{"tensorflow-tpu": "2.20.0", "tf-keras": "2.20.1", "libtpu": "0.0.21"})
     del versions["tensorflow"]
     assert install_commands(facts("colab", "tpu", **versions)) == []
 
@@ -135,8 +153,38 @@ def test_install_runs_only_on_hosted_runtimes(capsys):
     plan = install(facts("tpu-vm", "tpu"), run=lambda *a, **k: calls.append(a))
     assert plan and calls == []
     assert "nothing is run" in capsys.readouterr().out
-    plan = install(facts("colab", "tpu"), run=lambda cmd, **k: calls.append(cmd))
-    assert calls == plan
+    plan = install(facts("colab", "tpu"), run=lambda argv, **k: calls.append(argv))
+    assert len(calls) == len(plan)
+    # each command runs with this interpreter's own pip, never a bare `pip` from PATH
+    assert all(argv[:3] == [sys.executable, "-m", "pip"] for argv in calls)
+    assert calls[0][3:] == ["install", "-q", "tensorflow-tpu==2.20.0", "libtpu==0.0.20"]
+
+
+def test_install_sets_the_flags_again_after_the_plan(monkeypatch, capsys):
+    # The install cell imports tpu_helpers before the plan installs tensorflow-tpu, so the
+    # flags that depend on it must be set once more after installing.
+    seen = []
+    monkeypatch.setattr(_env, "prepare_environment", lambda: seen.append("again") or [])
+    install(facts("colab", "tpu"), run=lambda *a, **k: None)
+    assert seen == ["again"]
+
+
+def test_install_asks_for_a_restart_only_for_packages_already_imported(monkeypatch, capsys):
+    monkeypatch.setattr(_env, "prepare_environment", lambda: [])
+    for name in ("tensorflow", "transformers", "datasets", "huggingface_hub", "tf_keras"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    install(facts("colab", "tpu"), run=lambda *a, **k: None)
+    assert "Restart" not in capsys.readouterr().out
+    monkeypatch.setitem(sys.modules, "transformers", object())
+    install(facts("colab", "tpu"), run=lambda *a, **k: None)
+    out = capsys.readouterr().out
+    assert "transformers changed after it was imported" in out and "Restart session" in out
+    assert "tensorflow," not in out  # not imported, so not named
+
+
+def test_pip_argv_refuses_other_commands():
+    with pytest.raises(ValueError, match="not a pip command"):
+        pip_argv("rm -rf /")
 
 
 def test_install_on_a_good_machine_says_so(capsys):

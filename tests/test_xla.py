@@ -259,6 +259,14 @@ def test_preflight_wants_the_undistributed_dataset():
         xla.preflight(None, [1, 2, 3])
 
 
+runs_xla = pytest.mark.skipif(
+    not xla.xla_target().runs,
+    reason="this TensorFlow build runs no XLA step without a TPU (tensorflow-tpu: no host"
+    " backend); the refusal itself is tested below",
+)
+
+
+@runs_xla
 def test_train_counting_compiles_counts_one_compilation_per_shape():
     def gen():
         for width in (8, 16, 8, 24, 16, 8):
@@ -303,3 +311,52 @@ def test_compiled_hlo_of_a_function_or_a_tf_function():
     )
     assert plain.startswith("HloModule") and xla.dynamic_shape_ops(plain) == []
     assert "Where" in xla.dynamic_shape_ops(compiled)
+
+
+# --- where XLA compiles ----------------------------------------------------------------
+def test_xla_target_matches_the_tensorflow_build():
+    from importlib import metadata
+
+    target = xla.xla_target()
+    try:
+        metadata.version("tensorflow")
+        cpu_build = True
+    except metadata.PackageNotFoundError:
+        cpu_build = False
+    if cpu_build:  # the CPU build compiles and runs XLA on the processor
+        assert (target.device, target.platform, target.runs) == ("/CPU:0", None, True)
+    else:  # tensorflow-tpu off a TPU: no host backend, but the TPU compiler builds programs
+        assert (target.device, target.platform, target.runs) == (None, "TPU", False)
+        assert "host CPU" in target.note and target.can_compile
+
+
+def test_compiled_hlo_is_built_where_the_target_says():
+    hlo = xla.compiled_hlo(lambda v: tf.reduce_sum(v * 2.0), tf.ones([3]))
+    assert hlo.startswith("HloModule")
+    out = xla.compile_and_run(lambda v: tf.reduce_sum(v * 2.0), tf.ones([3]))
+    if xla.xla_target().runs:
+        assert float(out) == 6.0
+    else:
+        assert out is None
+
+
+@pytest.fixture
+def target_without_xla(monkeypatch):
+    gone = xla.XlaTarget(None, None, "XLA cannot compile in this process: (stand-in)")
+    monkeypatch.setattr(xla, "_TARGET", [gone])
+    return gone
+
+
+def test_preflight_says_skip_with_the_reason_where_nothing_compiles(target_without_xla):
+    report = xla.preflight(tiny_model(), token_batches(), Replicas(8))
+    assert report.ok  # a check that cannot run is not a failure ...
+    check = report["compiles with XLA"]
+    assert check.status == "SKIP" and "(stand-in)" in check.detail  # ... and says why
+    assert "SKIP  compiles with XLA" in str(report) and "fix:" in check.line()
+
+
+def test_train_counting_compiles_refuses_where_steps_cannot_run(monkeypatch):
+    compile_only = xla.XlaTarget(None, "TPU", "programs are built for the TPU compiler")
+    monkeypatch.setattr(xla, "_TARGET", [compile_only])
+    with pytest.raises(xla.XlaUnavailableError, match="TPU compiler.*Fix: run this on a TPU"):
+        xla.train_counting_compiles(tiny_model(), token_batches(), tf.keras.optimizers.Adam())

@@ -1,21 +1,80 @@
-# Sourced by tools/run.sh and tools/test.sh: create .venv with the pinned stack if missing
-# or stale, then activate it. Needs python3.11 (or PYTHON=...) on PATH.
+# Sourced by tools/run.sh and tools/test.sh: create the virtual environment of a stack if it
+# is missing or stale, then activate it.
+#
+#   STACK=cpu (default)  .venv      Python 3.11 + requirements.txt (TensorFlow 2.21, CPU build)
+#   STACK=tpu            .venv-tpu  Python 3.12, made the way a Colab TPU runtime is: start
+#                                   from what that image ships (transformers 5, datasets 5.2,
+#                                   no TensorFlow), then run tpu_helpers' own install plan for
+#                                   a Colab TPU (tensorflow-tpu, the pinned libtpu, tf-keras
+#                                   --no-deps, the Hugging Face pins). No TPU is needed: the
+#                                   TPU build runs on the CPU.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-PYTHON="${PYTHON:-python3}"
-stamp=".venv/.requirements.sha"
-want="$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
-if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "[env] creating .venv with the pinned stack (about 2 minutes the first time)"
-  "$PYTHON" -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -r requirements.txt
-  .venv/bin/python -m pip install -q --no-deps -e .
-  .venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+STACK="${STACK:-cpu}"
+
+# The pins of requirements.txt that are not the TensorFlow / Hugging Face stack: test and
+# notebook tooling, which a Colab image has in some version anyway.
+tooling_requirements() {
+  grep -v -E '^(tensorflow|tf-keras|transformers|tokenizers|datasets|huggingface-hub)==' \
+    requirements.txt
+}
+
+case "$STACK" in
+  cpu)
+    VENV=.venv
+    PYTHON="${PYTHON:-python3}"
+    inputs="requirements.txt pyproject.toml"
+    ;;
+  tpu)
+    VENV=.venv-tpu
+    PYTHON="${PYTHON_TPU:-python3.12}"
+    export PYENV_VERSION="${PYENV_VERSION:-3.12.1}"  # pyenv machines: the 3.12 interpreter
+    inputs="requirements.txt pyproject.toml tools/colab-tpu-image.txt tpu_helpers/runtime.py"
+    ;;
+  *)
+    echo "STACK must be cpu or tpu, not '$STACK'" >&2
+    exit 2
+    ;;
+esac
+
+stamp="$VENV/.requirements.sha"
+want="$(cat $inputs tools/env.sh | sha256sum | cut -d' ' -f1)"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[env] creating $VENV (stack: $STACK; a few minutes the first time)"
+  rm -rf "$VENV"
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  if [ "$STACK" = cpu ]; then
+    "$VENV/bin/python" -m pip install -q -r requirements.txt
+    "$VENV/bin/python" -m pip install -q --no-deps -e .
+  else
+    "$VENV/bin/python" -m pip install -q -r tools/colab-tpu-image.txt -r <(tooling_requirements)
+    "$VENV/bin/python" -m pip install -q --no-deps -e .
+    # What the notebooks' install cell runs on a Colab TPU runtime, through the same
+    # function: detect_runtime() reads these two variables as "Colab, with a TPU".
+    COLAB_RELEASE_TAG=rehearsal TPU_ACCELERATOR_TYPE=v5litepod-1 TPU_SKIP_MDS_QUERY=1 \
+      "$VENV/bin/python" -m tpu_helpers install
+    "$VENV/bin/python" - <<'PY'
+from importlib import metadata
+from tpu_helpers.runtime import LIBTPU_PIN, TENSORFLOW_TPU_PIN
+have = {d.metadata["Name"].lower().replace("_", "-"): d.version for d in metadata.distributions()}
+for pin in (TENSORFLOW_TPU_PIN, LIBTPU_PIN):
+    name, version = pin.split("==")
+    assert have.get(name) == version, f"the install plan left {name} {have.get(name)}, not {version}"
+assert "tensorflow" not in have and "tensorflow-cpu" not in have, "a second TensorFlow build"
+print("[env] TPU stack:", {n: have.get(n) for n in ("tensorflow-tpu", "libtpu", "tf-keras",
+      "transformers", "datasets", "huggingface-hub")})
+PY
+  fi
+  "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
   echo "$want" > "$stamp"
 fi
 # shellcheck disable=SC1091
-source .venv/bin/activate
+source "$VENV/bin/activate"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if [ "$STACK" = tpu ]; then
+  # Off a TPU VM the TPU build would wait minutes on cloud metadata at import.
+  export TPU_SKIP_MDS_QUERY=1
+fi

@@ -1,8 +1,34 @@
 #!/usr/bin/env bash
-# All tests: unit tests, then every notebook run cell by cell by nbval with its CPU
-# parameters (prepared by papermill into build/nbval).
-source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-rm -rf build/nbval
-python tools/run_notebooks.py --prepare-only --out build/nbval
-exec python -m pytest tests build/nbval --nbval-lax --nbval-current-env \
-  --nbval-cell-timeout=900 -p no:cacheprovider "$@"
+# All tests, on both stacks: the unit tests, then every notebook run cell by cell by nbval
+# with its CPU parameters (prepared by papermill into build/nbval-<stack>).
+#
+#   bash tools/test.sh                 # the CPU stack, then the TPU stack
+#   bash tools/test.sh --stack cpu     # one stack: cpu (.venv) or tpu (.venv-tpu)
+#   bash tools/test.sh --stack tpu -k records    # further arguments go to pytest
+#
+# The TPU stack is Python 3.12 with tensorflow-tpu and libtpu, installed by the notebooks'
+# own install plan for a Colab TPU runtime (see tools/env.sh); it runs on the CPU.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+stacks=(cpu tpu)
+if [ "${1:-}" = "--stack" ]; then
+  stacks=("$2")
+  shift 2
+fi
+for stack in "${stacks[@]}"; do
+  echo "=== tests on the $stack stack"
+  start=$SECONDS
+  (
+    export STACK="$stack"
+    source tools/env.sh
+    rm -rf "build/nbval-$stack"
+    python tools/run_notebooks.py --prepare-only --out "build/nbval-$stack"
+    extra=()
+    # The install-plan dry runs ask the package index about other runtimes; they do not
+    # depend on the stack installed here, so one leg runs them.
+    [ "$stack" = tpu ] && extra=(-m "not package_index")
+    python -m pytest tests "build/nbval-$stack" --nbval-lax --nbval-current-env \
+      --nbval-cell-timeout=900 -p no:cacheprovider "${extra[@]}" "$@"
+  )
+  echo "=== $stack stack: $((SECONDS - start)) s"
+done

@@ -1,4 +1,4 @@
-"""Command line: ``python -m tpu_helpers {doctor,fixtures,plan}``."""
+"""Command line: ``python -m tpu_helpers {doctor,fixtures,plan,install}``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="check that TF, tf-keras, transformers and datasets fit together")
     sub.add_parser("plan", help="print the install commands this runtime needs (runs nothing)")
+    sub.add_parser(
+        "install",
+        help="what the notebooks' install cell does: run the plan on Colab or Kaggle, print it"
+        " elsewhere",
+    )
     fx = sub.add_parser("fixtures", help="build the offline checkpoints and data sets")
     fx.add_argument("directory", help="where to write them, e.g. build/fixtures")
     fx.add_argument("--seed", type=int, default=0)
@@ -21,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
 
         for command in install_commands(detect_runtime()):
             print(command)
+        return 0
+    if args.command == "install":
+        from tpu_helpers.runtime import install
+
+        install()
         return 0
     if args.command == "doctor":
         from tpu_helpers.doctor import doctor

@@ -17,16 +17,52 @@ def distribution_version(name: str) -> str | None:
         return None
 
 
+def only_tpu_build() -> bool:
+    """True when the one TensorFlow installed is the ``tensorflow-tpu`` distribution.
+
+    transformers and datasets look for TensorFlow under the names ``tensorflow``,
+    ``tensorflow-cpu``, ``tensorflow-gpu`` and a few others, never ``tensorflow-tpu``.
+    """
+    return bool(distribution_version("tensorflow-tpu")) and not (
+        distribution_version("tensorflow") or distribution_version("tensorflow-cpu")
+    )
+
+
+def tell_datasets_tensorflow_is_there() -> bool:
+    """Make ``datasets`` count the ``tensorflow-tpu`` build as TensorFlow.
+
+    ``datasets.config.TF_AVAILABLE`` is decided once, on import, from distribution names;
+    with only ``tensorflow-tpu`` installed it is False and ``to_tf_dataset`` /
+    ``model.prepare_tf_dataset`` raise "Tensorflow is not installed". The flag is read at
+    call time, so setting it after import is enough. Returns True when it changed it.
+    """
+    if not only_tpu_build() or distribution_version("datasets") is None:
+        return False
+    import datasets.config
+
+    if datasets.config.TF_AVAILABLE:
+        return False
+    from packaging import version
+
+    datasets.config.TF_AVAILABLE = True
+    datasets.config.TF_VERSION = version.parse(distribution_version("tensorflow-tpu"))
+    return True
+
+
 def prepare_environment(environ: dict | None = None) -> list[str]:
     """Set the variables that keep TensorFlow, tf-keras and transformers working together.
 
     * ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` resolve to tf-keras (Keras 2), which the
       ``TF*`` classes of transformers need. It only takes effect if set before TensorFlow
       is imported, which is why ``import tpu_helpers`` should come first.
-    * ``FORCE_TF_AVAILABLE=1`` when the only TensorFlow is the ``tensorflow-tpu``
-      distribution, a name transformers does not recognise.
+    * With the ``tensorflow-tpu`` distribution as the only TensorFlow, a name transformers
+      and datasets do not recognise: ``FORCE_TF_AVAILABLE=1`` for transformers (read when
+      transformers is imported), ``TPU_SKIP_MDS_QUERY=1`` off a TPU (otherwise the import
+      waits minutes on cloud metadata that only a TPU VM has), and
+      ``datasets.config.TF_AVAILABLE`` (see ``tell_datasets_tensorflow_is_there``).
 
-    Returns the names of the variables it set. Values already set by the user are kept.
+    Safe to call again, as ``install`` does after the install plan changed packages.
+    Returns the names of what it set. Values already set by the user are kept.
 
     >>> env = {}
     >>> "TF_USE_LEGACY_KERAS" in prepare_environment(env)
@@ -39,10 +75,18 @@ def prepare_environment(environ: dict | None = None) -> list[str]:
     if "TF_USE_LEGACY_KERAS" not in env:
         env["TF_USE_LEGACY_KERAS"] = "1"
         changed.append("TF_USE_LEGACY_KERAS")
-    only_tpu_build = distribution_version("tensorflow-tpu") and not (
-        distribution_version("tensorflow") or distribution_version("tensorflow-cpu")
-    )
-    if only_tpu_build and "FORCE_TF_AVAILABLE" not in env:
-        env["FORCE_TF_AVAILABLE"] = "1"
-        changed.append("FORCE_TF_AVAILABLE")
+    if only_tpu_build():
+        if "FORCE_TF_AVAILABLE" not in env:
+            env["FORCE_TF_AVAILABLE"] = "1"
+            changed.append("FORCE_TF_AVAILABLE")
+        if "TPU_SKIP_MDS_QUERY" not in env and not _on_tpu_host():
+            env["TPU_SKIP_MDS_QUERY"] = "1"
+            changed.append("TPU_SKIP_MDS_QUERY")
+        if environ is None and tell_datasets_tensorflow_is_there():
+            changed.append("datasets.config.TF_AVAILABLE")
     return changed
+
+
+def _on_tpu_host() -> bool:
+    """A TPU chip is attached (TPU VM device files), so cloud metadata is there to read."""
+    return os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")

@@ -1,10 +1,10 @@
-"""One PASS / WARN / FAIL line of a report (``doctor``, ``xla.preflight``)."""
+"""One PASS / WARN / SKIP / FAIL line of a report (``doctor``, ``xla.preflight``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+PASS, WARN, SKIP, FAIL = "PASS", "WARN", "SKIP", "FAIL"
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,8 @@ class Check:
 
     @property
     def ok(self) -> bool:
-        """False only for FAIL (a WARN is worth reading but does not stop anything)."""
+        """False only for FAIL (a WARN is worth reading, a SKIP says what could not be
+        checked here and why; neither stops anything)."""
         return self.status != FAIL
 
     def line(self) -> str:

@@ -14,10 +14,13 @@ from tpu_helpers.checks import FAIL, PASS, Check
 from tpu_helpers.runtime import (
     DATASETS_SPEC,
     HUB_SPEC,
-    LIBTPU_INDEX,
+    LIBTPU_KNOWN_GOOD,
+    LIBTPU_PIN,
+    TENSORFLOW_TPU_PIN,
     TRANSFORMERS_PIN,
     RuntimeFacts,
     detect_runtime,
+    libtpu_loads,
     minor,
 )
 
@@ -33,6 +36,7 @@ class DoctorFacts:
         transformers_tf_error: why ``TFAutoModel`` could not be imported, ``None`` if it could.
         transformers_sees_tf: ``transformers.utils.is_tf_available()``.
         device_types: device types TensorFlow lists (``"CPU"``, ``"GPU"``, ``"TPU"``).
+        datasets_sees_tf: ``datasets.config.TF_AVAILABLE`` (``None`` without datasets).
     """
 
     runtime: RuntimeFacts
@@ -41,13 +45,14 @@ class DoctorFacts:
     transformers_tf_error: str | None = None
     transformers_sees_tf: bool | None = None
     device_types: tuple[str, ...] = field(default_factory=tuple)
+    datasets_sees_tf: bool | None = None
 
 
 def check_tensorflow(f: DoctorFacts) -> Check:
     build, version = f.runtime.tensorflow_build, f.runtime.tensorflow_version
     if not build:
         fix = (
-            f"pip install tensorflow-tpu -f {LIBTPU_INDEX}"
+            f"pip install {TENSORFLOW_TPU_PIN} {LIBTPU_PIN}"
             if f.runtime.accelerator == "tpu"
             else "pip install -r requirements.txt"
         )
@@ -140,8 +145,8 @@ def check_tpu_visible(f: DoctorFacts) -> Check:
         FAIL,
         f"a TPU runtime, but TensorFlow ({f.runtime.tensorflow_build}) lists only"
         f" {sorted(set(f.device_types)) or 'no'} devices: a CPU-only build",
-        f"pip uninstall -y tensorflow tensorflow-cpu && pip install tensorflow-tpu"
-        f" -f {LIBTPU_INDEX}; then restart the runtime",
+        f"pip uninstall -y tensorflow tensorflow-cpu && pip install {TENSORFLOW_TPU_PIN}"
+        f" {LIBTPU_PIN}; then restart the runtime",
     )
 
 
@@ -159,14 +164,48 @@ def check_tensorflow_tpu_recognised(f: DoctorFacts) -> Check:
     )
 
 
+def check_libtpu(f: DoctorFacts) -> Check:
+    if f.runtime.tensorflow_build != "tensorflow-tpu":
+        return Check("libtpu", PASS, "no tensorflow-tpu, so libtpu is not used")
+    have = f.runtime.distributions.get("libtpu")
+    first, last = (".".join(map(str, v)) for v in LIBTPU_KNOWN_GOOD)
+    if libtpu_loads(have):
+        return Check("libtpu", PASS, f"{have} (known to load: {first} to {last})")
+    found = f"libtpu {have}" if have else "no libtpu"
+    return Check(
+        "libtpu",
+        FAIL,
+        f"{found} next to tensorflow-tpu {f.runtime.tensorflow_version}: only {first} to"
+        f" {last} load with it (0.0.32 and later abort the process on import tensorflow)",
+        f"pip install {LIBTPU_PIN}; then restart the runtime",
+    )
+
+
+def check_datasets_sees_tf(f: DoctorFacts) -> Check:
+    if f.datasets_sees_tf is None or not f.runtime.tensorflow_build:
+        return Check("datasets sees TF", PASS, "nothing to check (no datasets or no TensorFlow)")
+    if f.datasets_sees_tf:
+        return Check("datasets sees TF", PASS, f"{f.runtime.tensorflow_build} recognised")
+    return Check(
+        "datasets sees TF",
+        FAIL,
+        f"{f.runtime.tensorflow_build} is installed but datasets says TensorFlow is missing:"
+        " prepare_tf_dataset / to_tf_dataset raise 'Tensorflow is not installed'",
+        "import tpu_helpers (it sets datasets.config.TF_AVAILABLE for tensorflow-tpu), or set"
+        " datasets.config.TF_AVAILABLE = True after importing datasets",
+    )
+
+
 CHECKS: tuple[Callable[[DoctorFacts], Check], ...] = (
     check_tensorflow,
     check_tf_keras,
     check_transformers,
     check_datasets,
     check_legacy_keras,
+    check_libtpu,
     check_tpu_visible,
     check_tensorflow_tpu_recognised,
+    check_datasets_sees_tf,
 )
 
 
@@ -193,7 +232,23 @@ def gather_facts() -> DoctorFacts:
             from transformers import TFAutoModel  # noqa: F401
     except Exception as err:  # noqa: BLE001 - reported, not raised
         tf_error = tf_error or f"{type(err).__name__}: {str(err).splitlines()[0]}"
-    return DoctorFacts(runtime, keras_module, flag, tf_error, sees_tf, tuple(sorted(device_types)))
+    datasets_sees_tf = None
+    if runtime.distributions.get("datasets"):
+        try:
+            import datasets.config
+
+            datasets_sees_tf = bool(datasets.config.TF_AVAILABLE)
+        except Exception:  # noqa: BLE001 - a datasets that does not import is its own check
+            datasets_sees_tf = None
+    return DoctorFacts(
+        runtime,
+        keras_module,
+        flag,
+        tf_error,
+        sees_tf,
+        tuple(sorted(device_types)),
+        datasets_sees_tf,
+    )
 
 
 def doctor(facts: DoctorFacts | None = None, verbose: bool = True) -> list[Check]:

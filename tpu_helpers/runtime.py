@@ -35,10 +35,23 @@ TRANSFORMERS_PIN = "transformers==4.57.6"
 DATASETS_SPEC = "datasets>=4,<5.1"
 HUB_SPEC = "huggingface-hub<1.0"
 TENSORFLOW_PIN = "tensorflow==2.21.0"
-#: Where Google publishes the ``tensorflow-tpu`` wheels and the matching ``libtpu``.
+#: The TensorFlow build for TPUs. 2.20.0 is the newest ``tensorflow-tpu`` on the package
+#: index (there is none for 2.21), with wheels for Python 3.9-3.13. Every TPU runtime gets
+#: this one release, whatever TensorFlow it had: older ones ask for a ``libtpu`` that is
+#: not on the package index (``tensorflow-tpu`` 2.18 wants ``libtpu==2.18.0``).
+TENSORFLOW_TPU_PIN = "tensorflow-tpu==2.20.0"
+#: ``tensorflow-tpu`` 2.20.0 asks only for ``libtpu~=0.0.14``, so pip takes the newest
+#: libtpu, and from 0.0.32 on libtpu no longer carries the TensorFlow entry points: the
+#: process aborts on ``import tensorflow`` ("ConfigureDistributedTpuOp_DoWork not
+#: available in this library"). 0.0.20 is the libtpu that was current when the 2.20.0
+#: wheels were built (wheel files dated 2025-08-07; libtpu 0.0.20 was published on
+#: 2025-08-01, 0.0.21 on 2025-08-15). Checked on CPU, without TPU hardware: 0.0.14 to
+#: 0.0.31 load, 0.0.32 to 0.0.52 abort.
+LIBTPU_PIN = "libtpu==0.0.20"
+#: libtpu releases that load with ``tensorflow-tpu`` 2.20 (first and last, inclusive).
+LIBTPU_KNOWN_GOOD = ((0, 0, 14), (0, 0, 31))
+#: Google's page of TPU wheels (kept for users of older releases; the pins above are on PyPI).
 LIBTPU_INDEX = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
-#: ``tensorflow-tpu`` releases on the package index (there is none for 2.21).
-TENSORFLOW_TPU_MINORS = ((2, 16), (2, 17), (2, 18), (2, 19), (2, 20))
 
 _ENV_KEYS = (
     "COLAB_RELEASE_TAG",
@@ -104,6 +117,25 @@ def minor(version: str | None) -> tuple[int, int] | None:
     return int(numbers[0]), int(numbers[1])
 
 
+def release(version: str | None) -> tuple[int, ...] | None:
+    """All the numbers of a release: ``"0.0.21.1" -> (0, 0, 21, 1)``.
+
+    >>> release("0.0.32") > (0, 0, 31)
+    True
+    """
+    if not version:
+        return None
+    found = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(n) for n in found.group(0).split(".")) if found else None
+
+
+def libtpu_loads(version: str | None) -> bool:
+    """True when ``version`` of libtpu is in the range known to load with tensorflow-tpu 2.20."""
+    have = release(version)
+    first, last = LIBTPU_KNOWN_GOOD
+    return have is not None and first <= have[:3] <= last
+
+
 def detect_runtime(
     environ: Mapping[str, str] | None = None,
     path_exists: Callable[[str], bool] = os.path.exists,
@@ -153,15 +185,6 @@ def detect_runtime(
     )
 
 
-def _tensorflow_tpu_pin(current: str | None) -> str:
-    """The ``tensorflow-tpu`` release closest to the TensorFlow already there."""
-    have = minor(current)
-    if have in TENSORFLOW_TPU_MINORS:
-        return f"tensorflow-tpu=={have[0]}.{have[1]}.*"
-    last = TENSORFLOW_TPU_MINORS[-1]
-    return f"tensorflow-tpu=={last[0]}.{last[1]}.0"
-
-
 def install_commands(facts: RuntimeFacts) -> list[str]:
     """The shell commands that make ``facts``' runtime able to run these notebooks.
 
@@ -181,12 +204,15 @@ def install_commands(facts: RuntimeFacts) -> list[str]:
 
     tf_version = facts.tensorflow_version
     if facts.accelerator == "tpu" and facts.tensorflow_build != "tensorflow-tpu":
-        pin = _tensorflow_tpu_pin(tf_version)
         others = [n for n in ("tensorflow", "tensorflow-cpu") if dists.get(n)]
         if others:
             commands.append("pip uninstall -y " + " ".join(others))
-        commands.append(f"{pip} {shlex.quote(pin)} -f {LIBTPU_INDEX}")
-        tf_version = pin.split("==")[1].replace("*", "0")
+        commands.append(f"{pip} {TENSORFLOW_TPU_PIN} {LIBTPU_PIN}")
+        tf_version = TENSORFLOW_TPU_PIN.split("==")[1]
+    elif facts.tensorflow_build == "tensorflow-tpu" and not libtpu_loads(dists.get("libtpu")):
+        # a libtpu that aborts the import (one installed for JAX, say): pip keeps it unless
+        # asked for this exact release
+        commands.append(f"{pip} {LIBTPU_PIN}")
     elif tf_version is None:
         pin = TENSORFLOW_PIN
         if facts.accelerator == "gpu":
@@ -199,14 +225,63 @@ def install_commands(facts: RuntimeFacts) -> list[str]:
         spec = f"tf-keras~={tf_minor[0]}.{tf_minor[1]}.0"
         commands.append(f"{pip} --no-deps {shlex.quote(spec)}")
 
+    # transformers 4 and the datasets / huggingface-hub pair in one command: installed one
+    # after the other, each step would leave the other's requirement broken for a moment.
+    hugging_face = []
     transformers = minor(dists.get("transformers"))
     if transformers is None or transformers[0] >= 5:
-        commands.append(f"{pip} {TRANSFORMERS_PIN}")
-
+        hugging_face.append(TRANSFORMERS_PIN)
     datasets, hub = minor(dists.get("datasets")), minor(dists.get("huggingface-hub"))
     if datasets is None or datasets >= (5, 1) or datasets < (4, 0) or (hub and hub[0] >= 1):
-        commands.append(f"{pip} {shlex.quote(DATASETS_SPEC)} {shlex.quote(HUB_SPEC)}")
+        hugging_face += [shlex.quote(DATASETS_SPEC), shlex.quote(HUB_SPEC)]
+    if hugging_face:
+        commands.append(f"{pip} {' '.join(hugging_face)}")
     return commands
+
+
+#: The module each distribution of the stack is imported as.
+_MODULES = {
+    "tensorflow": "tensorflow",
+    "tensorflow-cpu": "tensorflow",
+    "tensorflow-tpu": "tensorflow",
+    "tf-keras": "tf_keras",
+    "keras": "keras",
+    "transformers": "transformers",
+    "datasets": "datasets",
+    "huggingface-hub": "huggingface_hub",
+    "libtpu": "tensorflow",  # loaded by TensorFlow's TPU build, never imported by name
+}
+
+
+def pip_argv(command: str, python: str | None = None) -> list[str]:
+    """The argument list that runs a plan's ``pip ...`` command with ``python``'s own pip.
+
+    A bare ``pip`` on a notebook's PATH may belong to another Python than the kernel's;
+    ``python -m pip`` cannot.
+
+    >>> pip_argv("pip install -q 'tf-keras~=2.20.0'", python="/usr/bin/python3")
+    ['/usr/bin/python3', '-m', 'pip', 'install', '-q', 'tf-keras~=2.20.0']
+    """
+    argv = shlex.split(command)
+    if not argv or argv[0] != "pip":
+        raise ValueError(f"not a pip command: {command!r}")
+    return [python or sys.executable, "-m", "pip", *argv[1:]]
+
+
+def requirement_names(command: str) -> list[str]:
+    """Distribution names a ``pip install`` / ``pip uninstall`` command names.
+
+    >>> requirement_names("pip install -q --no-deps 'tf-keras~=2.20.0' libtpu==0.0.20")
+    ['tf-keras', 'libtpu']
+    """
+    names = []
+    for word in shlex.split(command)[2:]:
+        if word.startswith("-"):
+            continue
+        name = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", word)
+        if name:
+            names.append(name.group(0).lower().replace("_", "-"))
+    return names
 
 
 def install(
@@ -216,8 +291,15 @@ def install(
     """Print the install plan for this runtime and carry it out on Colab or Kaggle only.
 
     Elsewhere it only prints, so running a notebook locally never touches your packages.
+    After installing it sets the environment flags again (``prepare_environment``), so
+    that transformers and datasets see a ``tensorflow-tpu`` installed by the plan, and it
+    asks for a restart only when a package it changed had already been imported.
     Returns the plan.
     """
+    import importlib
+
+    from tpu_helpers._env import prepare_environment
+
     facts = facts or detect_runtime()
     plan = install_commands(facts)
     if not plan:
@@ -228,10 +310,18 @@ def install(
         for command in plan:
             print("   ", command)
         return plan
-    tf_loaded = "tensorflow" in sys.modules
+    loaded = {name: module for name, module in _MODULES.items() if module in sys.modules}
+    changed: list[str] = []
     for command in plan:
         print("[install] $", command)
-        run(command, shell=True, check=True)
-    if tf_loaded and any("tensorflow" in c for c in plan):
-        print("[install] TensorFlow changed after it was imported: Runtime -> Restart session.")
+        run(pip_argv(command), check=True)
+        changed += requirement_names(command)
+    importlib.invalidate_caches()
+    prepare_environment()
+    stale = sorted({loaded[name] for name in changed if name in loaded})
+    if stale:
+        print(
+            f"[install] {', '.join(stale)} changed after it was imported in this session:"
+            " Runtime -> Restart session, then run the notebook again from the top."
+        )
     return plan

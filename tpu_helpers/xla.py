@@ -6,8 +6,11 @@
   separate XLA compilation) and how much of it is padding;
 * ``tracing_count``: how many times a ``tf.function`` (such as Keras' train function)
   was traced;
+* ``xla_target``: where this process can compile with XLA: the host CPU (the CPU build
+  of TensorFlow), a connected TPU, or, in the ``tensorflow-tpu`` build off a TPU, the
+  TPU compiler without a device (programs are built and inspected, not run);
 * ``preflight``: a model and dataset checked against the TPU's rules on any machine,
-  including one training step compiled with XLA on a CPU.
+  including one training step compiled with XLA.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import tpu_helpers._env  # noqa: F401
-from tpu_helpers.checks import FAIL, PASS, WARN, Check
+from tpu_helpers.checks import FAIL, PASS, SKIP, WARN, Check
 from tpu_helpers.metrics import logits_of
 
 
@@ -91,14 +94,124 @@ def shape_report(dataset, n: int = 50) -> ShapeReport:
     return ShapeReport(shapes, seen, (1 - real / total) if total else None)
 
 
+@dataclass(frozen=True)
+class XlaTarget:
+    """Where ``compiled_hlo``, ``preflight`` and ``train_counting_compiles`` compile.
+
+    Attributes:
+        device: the TensorFlow device that runs compiled steps (``"/CPU:0"``,
+            ``"/TPU:0"``), or ``None`` when compiled programs cannot run here.
+        platform: the platform XLA builds programs for when no such device is here
+            (``"TPU"``), else ``None``: the programs are those of ``device``.
+        note: what this means, in one line (printed by the notebooks).
+    """
+
+    device: str | None
+    platform: str | None
+    note: str
+
+    @property
+    def runs(self) -> bool:
+        """True when compiled steps can be run, not only built."""
+        return self.device is not None
+
+    @property
+    def can_compile(self) -> bool:
+        return self.device is not None or self.platform is not None
+
+
+_TARGET: list[XlaTarget] = []
+
+
+def xla_target(refresh: bool = False) -> XlaTarget:
+    """Find where XLA compiles in this process, once (``refresh=True`` looks again).
+
+    * A TPU that ``connect`` initialised: compile and run on ``/TPU:0``.
+    * The CPU build of TensorFlow: compile and run on the host CPU.
+    * The ``tensorflow-tpu`` build without a TPU (a TPU build rehearsed on a CPU, or a TPU
+      VM before ``connect``): that build has no XLA backend for the host CPU
+      ("could not find registered transfer manager for platform Host"), but it builds
+      programs for the TPU platform without a device, so the compile checks still run;
+      nothing compiled can be run.
+    """
+    if _TARGET and not refresh:
+        return _TARGET[0]
+    import tensorflow as tf
+
+    def probe(x):
+        return tf.reduce_sum(x * 2.0)
+
+    x = tf.ones([2])
+    if tf.config.list_logical_devices("TPU"):
+        target = XlaTarget("/TPU:0", None, "XLA compiles and runs on the TPU")
+    else:
+        try:
+            with tf.device("/CPU:0"):
+                tf.function(probe, jit_compile=True)(x).numpy()
+            target = XlaTarget("/CPU:0", None, "XLA compiles and runs on the host CPU")
+        except Exception as host_error:  # noqa: BLE001  (the reason is kept in the note)
+            reason = _last_line(str(host_error))
+            try:
+                tf.function(probe, jit_compile=True).experimental_get_compiler_ir(x)(
+                    stage="hlo", platform_name="TPU"
+                )
+                target = XlaTarget(
+                    None,
+                    "TPU",
+                    "this TensorFlow build cannot run XLA on the host CPU"
+                    f" ({reason}); programs are built for the TPU compiler and inspected,"
+                    " not run (connect to a TPU to run them)",
+                )
+            except Exception:  # noqa: BLE001
+                target = XlaTarget(None, None, f"XLA cannot compile in this process: {reason}")
+    _TARGET[:] = [target]
+    return target
+
+
+class XlaUnavailableError(RuntimeError):
+    """Compiled steps cannot run in this process (see ``xla_target().note``)."""
+
+
+def _require_running_target() -> XlaTarget:
+    target = xla_target()
+    if not target.runs:
+        raise XlaUnavailableError(
+            f"{target.note}. Fix: run this on a TPU after tpu_helpers.connect(), or on a"
+            " machine with the CPU build of TensorFlow (requirements.txt)."
+        )
+    return target
+
+
 def compiled_hlo(function, *args) -> str:
     """The HLO text XLA compiles ``function`` (a Python function or a ``tf.function``
-    with ``jit_compile=True``) to for these arguments, on the current device."""
+    with ``jit_compile=True``) to for these arguments, for ``xla_target()``: the current
+    device where XLA runs, else the TPU compiler without a device."""
     import tensorflow as tf
 
     if not hasattr(function, "experimental_get_compiler_ir"):
         function = tf.function(function, jit_compile=True)
-    return function.experimental_get_compiler_ir(*args)(stage="hlo")
+    target = xla_target()
+    if target.platform and not target.runs:
+        return function.experimental_get_compiler_ir(*args)(
+            stage="hlo", platform_name=target.platform
+        )
+    with tf.device(target.device or "/CPU:0"):
+        return function.experimental_get_compiler_ir(*args)(stage="hlo")
+
+
+def compile_and_run(function, *args):
+    """Compile ``function`` with XLA for ``xla_target()`` and, where programs run there,
+    run it: returns its result, or ``None`` when the program could only be built.
+    Compile errors propagate (translate them with ``translate_xla_error``)."""
+    import tensorflow as tf
+
+    target = xla_target()
+    step = tf.function(function, jit_compile=True)
+    if not target.runs:
+        compiled_hlo(step, *args)
+        return None
+    with tf.device(target.device):
+        return step(*args)
 
 
 def tracing_count(function) -> int:
@@ -213,12 +326,12 @@ def dynamic_shape_ops(hlo: str) -> list[str]:
     return ops
 
 
-def _single_device_copy(model, features):
-    """A fresh copy of ``model`` with variables on one CPU device (XLA on CPU cannot
-    compile across the logical devices of a simulated multi-replica strategy)."""
+def _single_device_copy(model, features, device: str):
+    """A fresh copy of ``model`` with variables on one device (XLA on CPU cannot compile
+    across the logical devices of a simulated multi-replica strategy)."""
     import tensorflow as tf
 
-    with tf.device("/CPU:0"):
+    with tf.device(device):
         config = getattr(model, "config", None)
         if config is not None and hasattr(type(model), "from_pretrained"):
             copy = type(model)(config)
@@ -260,10 +373,24 @@ def _compile_checks(model, batches, train_step) -> list[Check]:
     same = [b for b in batches[1:] if _shapes_of(b) == _shapes_of(first)]
     # a second batch of the same shapes with other values: rows of the first, reversed
     second = same[0] if same else tf.nest.map_structure(lambda t: t[::-1], first)
+    target = xla_target()
+    if not target.can_compile:
+        return [
+            Check(
+                "compiles with XLA",
+                SKIP,
+                f"not checked: {target.note}",
+                "run preflight where TensorFlow can compile with XLA: the CPU build"
+                " (requirements.txt) or the TPU build (tensorflow-tpu)",
+            )
+        ]
+    where = (
+        f"one device, {target.device}" if target.runs else f"built for {target.platform}, not run"
+    )
     try:
         if train_step is None:
             features = _split(first)[0]
-            copy = _single_device_copy(model, features)
+            copy = _single_device_copy(model, features, target.device or "/CPU:0")
             loss_fn = _loss_fn(model, copy)
 
             def train_step(x, *rest):
@@ -276,22 +403,33 @@ def _compile_checks(model, batches, train_step) -> list[Check]:
                 return loss, [tf.convert_to_tensor(g) for g in grads if g is not None]
 
         step = tf.function(train_step, jit_compile=True)
-        with tf.device("/CPU:0"):
-            hlo_a, hlo_b = compiled_hlo(step, *first), compiled_hlo(step, *second)
-            result = step(*first)
+        hlo_a, hlo_b = compiled_hlo(step, *first), compiled_hlo(step, *second)
+        loss = None
+        if target.runs:
+            with tf.device(target.device):
+                result = step(*first)
             loss = result[0] if isinstance(result, (tuple, list)) else result
     except Exception as err:  # noqa: BLE001  (every compile error is translated and reported)
         rule, op, fix = translate_xla_error(err)
         detail = rule + (f" (op {op})" if op else "")
         return [Check("compiles with XLA", FAIL, detail, fix)]
-    checks = [
-        Check(
-            "compiles with XLA",
-            PASS if np.all(np.isfinite(loss)) else FAIL,
-            "one training step compiled and ran (jit_compile=True, one CPU device)",
-            "the loss is not finite: check the labels and the learning setup",
-        )
-    ]
+    if loss is None:
+        checks = [
+            Check(
+                "compiles with XLA",
+                PASS,
+                f"one training step compiled (jit_compile=True, {where}); {target.note}",
+            )
+        ]
+    else:
+        checks = [
+            Check(
+                "compiles with XLA",
+                PASS if np.all(np.isfinite(loss)) else FAIL,
+                f"one training step compiled and ran (jit_compile=True, {where})",
+                "the loss is not finite: check the labels and the learning setup",
+            )
+        ]
     dynamic = dynamic_shape_ops(hlo_a)
     checks.append(
         Check(
@@ -344,9 +482,12 @@ def preflight(
     dtypes a TPU takes (no strings, no float64); how many distinct input shapes there are
     (each is one XLA compilation; more than ``max_shapes`` fails) and the padding share;
     and, with ``compile_step``, that one training step (``model``'s loss, or your own
-    ``train_step(features, labels, weights)``) compiles with ``jit_compile=True`` on one CPU
-    device, with no value-dependent shapes and the same program for two batches of one
-    shape. A compile error is translated into the rule it breaks.
+    ``train_step(features, labels, weights)``) compiles with ``jit_compile=True`` where
+    ``xla_target()`` says (one CPU device with the CPU build, the TPU once connected, the
+    TPU compiler without a device in the ``tensorflow-tpu`` build off a TPU, where the step
+    is built but not run), with no value-dependent shapes and the same program for two
+    batches of one shape. A compile error is translated into the rule it breaks; where
+    nothing can compile, the check says SKIP and why.
 
     Prints nothing; returns the report (``str(report)`` is the PASS/FAIL listing) and,
     with ``raise_on_failure``, raises ``PreflightError`` carrying it when a check fails.
@@ -490,6 +631,7 @@ def train_counting_compiles(model, dataset, optimizer, loss=None, name: str = ""
     """
     import tensorflow as tf
 
+    target = _require_running_target()
     loss = loss or tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     def train_step(x, y, w):
@@ -509,7 +651,8 @@ def train_counting_compiles(model, dataset, optimizer, loss=None, name: str = ""
     level = logger.level
     logger.setLevel("ERROR")  # a retrace per new shape is the point here, not a mistake
     try:
-        return _count(step, dataset, name)
+        with tf.device(target.device):
+            return _count(step, dataset, name)
     finally:
         logger.setLevel(level)
 
