@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 
@@ -192,11 +193,36 @@ def compiled_hlo(function, *args) -> str:
         function = tf.function(function, jit_compile=True)
     target = xla_target()
     if target.platform and not target.runs:
-        return function.experimental_get_compiler_ir(*args)(
-            stage="hlo", platform_name=target.platform
-        )
+        return _hlo_without_device(function, args, target.platform)
     with tf.device(target.device or "/CPU:0"):
         return function.experimental_get_compiler_ir(*args)(stage="hlo")
+
+
+def _hlo_without_device(function, args, platform: str) -> str:
+    """HLO for ``platform`` without one of its devices. TensorFlow builds such programs only
+    for functions without resource arguments, so a function that reads variables (a model's
+    training step) is first frozen: its variables become constants of the same shapes, and
+    the program is otherwise the one the device would compile."""
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
+
+    concrete = function.get_concrete_function(*args)
+    if not concrete.captured_inputs:
+        return function.experimental_get_compiler_ir(*args)(stage="hlo", platform_name=platform)
+    # one frozen wrapper per traced program, so that two batches of one shape are compared
+    # as programs of the same function (a new wrapper would bring new names into the HLO)
+    wrapper = _FROZEN.get(concrete)
+    if wrapper is None:
+        frozen = convert_variables_to_constants_v2(concrete)
+        wrapper = tf.function(lambda *inputs: frozen(*inputs), jit_compile=True)
+        _FROZEN[concrete] = wrapper
+    flat = [t for t in tf.nest.flatten(args) if t is not None]
+    return wrapper.experimental_get_compiler_ir(*flat)(stage="hlo", platform_name=platform)
+
+
+_FROZEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def compile_and_run(function, *args):
