@@ -321,3 +321,74 @@ def test_attention_mask_comes_from_lengths_not_token_values(tmp_path):
     assert sum(int(f["attention_mask"].numpy().sum()) for f, _ in ds) == sum(
         min(1 + i % 5, 5) for i in range(40)
     )
+
+
+# --- writes that fail, overlap or die leave the old split whole --------------------------
+def _read_all(folder, split="train"):
+    source = records.open_records(records.metadata_path(str(folder), split))
+    return sum(int(b[1].shape[0]) for b in records.read_records(source, 10, shuffle=False))
+
+
+def test_a_failed_overwrite_keeps_the_old_split(tmp_path):
+    records.write_records(_fixed_dataset(40), str(tmp_path))
+
+    def broken():
+        yield {"input_ids": [1] * 16, "attention_mask": [1] * 16, "label": 0}
+        raise RuntimeError("source broke")
+
+    with pytest.raises(RuntimeError, match="source broke"):
+        records.write_records(broken(), str(tmp_path), overwrite=True, chunk_size=1)
+    with pytest.raises(ValueError, match="no examples.*existing records were kept"):
+        records.write_records([], str(tmp_path), overwrite=True)
+    assert _read_all(tmp_path) == 40
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "train-00000-of-00001.tfrecord",
+        "train.metadata.json",
+    ]
+
+
+def test_a_split_name_matches_exactly(tmp_path):
+    records.write_records(_fixed_dataset(30), str(tmp_path), split="train-aug")
+    records.write_records(_fixed_dataset(40), str(tmp_path), split="train")
+    records.write_records(_fixed_dataset(20), str(tmp_path), split="train", overwrite=True)
+    assert _read_all(tmp_path, "train-aug") == 30 and _read_all(tmp_path, "train") == 20
+    assert records.split_files(str(tmp_path), "train") == [
+        str(tmp_path / "train-00000-of-00001.tfrecord")
+    ]
+
+
+def test_a_second_writer_that_finishes_first_wins_cleanly(tmp_path):
+    folder = str(tmp_path)
+
+    def rows():
+        for i in range(50):
+            if i == 25:  # another writer replaces the split meanwhile
+                records.write_records(_fixed_dataset(30), folder, overwrite=True, progress=False)
+            yield {"input_ids": [i] * 16, "attention_mask": [1] * 16, "label": 0}
+
+    records.write_records(_fixed_dataset(40), folder)
+    with pytest.raises(FileExistsError, match="Another writer changed split 'train'"):
+        records.write_records(rows(), folder, overwrite=True, chunk_size=10, progress=False)
+    assert _read_all(tmp_path) == 30  # the other writer's records, whole
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".writing")]
+
+
+def test_a_killed_writer_leaves_nothing_a_reader_picks_up(tmp_path):
+    result = run_python(
+        f"""
+        import os
+        from tpu_helpers import records
+        def rows():
+            for i in range(100):
+                if i == 60:
+                    os._exit(9)  # killed mid-write: no cleanup runs
+                yield {{"input_ids": [i] * 8, "label": 0}}
+        records.write_records(rows(), {str(tmp_path)!r}, shard_records=20, chunk_size=10)
+        """
+    )
+    assert result.returncode == 9, result.stderr
+    assert tf.io.gfile.glob(str(tmp_path / "*.tfrecord*")) == []
+    assert tf.io.gfile.glob(str(tmp_path / "train*")) == []
+    # the leftover is in a hidden folder of the dead writer's; a new write is not disturbed
+    records.write_records(_fixed_dataset(40), str(tmp_path))
+    assert _read_all(tmp_path) == 40

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -332,6 +334,40 @@ def metadata_path(output_dir: str, split: str) -> str:
     return f"{output_dir.rstrip('/')}/{split}.metadata.json"
 
 
+def split_files(folder: str, split: str) -> list[str]:
+    """The shard files of exactly ``split`` in ``folder``: ``train`` does not take the
+    shards of ``train-aug``, nor the unfinished files of a writer.
+
+    >>> split_files("ram://nowhere", "train")
+    []
+    """
+    import tensorflow as tf
+
+    exact = re.compile(re.escape(split) + r"-\d{5}-of-\d{5}\.tfrecord(?:\.gz)?$")
+    found = tf.io.gfile.glob(f"{folder.rstrip('/')}/{split}-*-of-*.tfrecord*")
+    return sorted(p for p in found if exact.match(p.rsplit("/", 1)[-1]))
+
+
+def _split_state(folder: str, split: str) -> tuple:
+    """What a split is now (its metadata's bytes and its shard files): a writer compares it
+    before and after writing to find out whether another writer got there in between."""
+    import tensorflow as tf
+
+    meta = metadata_path(folder, split)
+    content = None
+    if tf.io.gfile.exists(meta):
+        with tf.io.gfile.GFile(meta, "rb") as f:
+            content = f.read()
+    return content, tuple(split_files(folder, split))
+
+
+def _remove_tree(path: str) -> None:
+    import tensorflow as tf
+
+    if tf.io.gfile.exists(path):
+        tf.io.gfile.rmtree(path)
+
+
 def write_records(
     examples: Iterable,
     output_dir: str,
@@ -367,18 +403,19 @@ def write_records(
     if shard_records is None and (shard_bytes is None or shard_bytes < 1):
         raise ValueError(f"shard_bytes={shard_bytes} must be a positive size in bytes.")
     output_dir = output_dir.rstrip("/")
-    meta_file = metadata_path(output_dir, split)
-    existing = tf.io.gfile.glob(f"{output_dir}/{split}-*-of-*.tfrecord*")
-    if tf.io.gfile.exists(meta_file) or existing:
-        if not overwrite:
-            raise FileExistsError(
-                f"{output_dir} already holds records of split {split!r}"
-                f" ({len(existing)} shard(s)). Fix: another output_dir or split, or"
-                " overwrite=True to replace them."
-            )
-        for path in existing + ([meta_file] if tf.io.gfile.exists(meta_file) else []):
-            tf.io.gfile.remove(path)
-    tf.io.gfile.makedirs(output_dir)
+    before = _split_state(output_dir, split)
+    if (before[0] is not None or before[1]) and not overwrite:
+        raise FileExistsError(
+            f"{output_dir} already holds records of split {split!r}"
+            f" ({len(before[1])} shard(s)). Fix: another output_dir or split, or"
+            " overwrite=True to replace them (the old ones stay until the new ones are"
+            " complete)."
+        )
+    # Shards are written into a folder of this writer's own, hidden from readers' globs,
+    # and move next to the others only once all of them (and their metadata) exist.
+    write_id = uuid.uuid4().hex[:12]
+    staging = f"{output_dir}/.writing-{split}-{write_id}"
+    tf.io.gfile.makedirs(staging)
     if total is None and hasattr(examples, "__len__"):
         total = len(examples)
 
@@ -390,7 +427,7 @@ def write_records(
 
     def open_shard():
         nonlocal writer, in_shard, shard_size
-        path = f"{output_dir}/{split}-{len(pending):05d}.tfrecord.incomplete"
+        path = f"{staging}/{split}-{len(pending):05d}.tfrecord.incomplete"
         pending.append((path, 0))
         shard_lengths.append({})
         writer, in_shard, shard_size = tf.io.TFRecordWriter(path, options), 0, 0
@@ -463,18 +500,20 @@ def write_records(
     except BaseException:
         if writer is not None:
             writer.close()
-        for path, _ in pending:
-            if tf.io.gfile.exists(path):
-                tf.io.gfile.remove(path)
+        _remove_tree(staging)
         raise
     finally:
         bar.close()
     if not written:
-        raise ValueError("There were no examples to write. Fix: check the data set or split.")
+        _remove_tree(staging)
+        raise ValueError(
+            "There were no examples to write. Fix: check the data set or split"
+            + (" (the existing records were kept)." if before[1] else ".")
+        )
 
     shards = []
     for index, (path, count) in enumerate(pending):
-        final = f"{output_dir}/{shard_name(split, index, len(pending), compression)}"
+        final = f"{staging}/{shard_name(split, index, len(pending), compression)}"
         tf.io.gfile.rename(path, final, overwrite=True)
         entry = {
             "file": final.rsplit("/", 1)[-1],
@@ -498,10 +537,41 @@ def write_records(
         "shards": shards,
         "source": dict(source or {}),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "write_id": write_id,
     }
-    with tf.io.gfile.GFile(meta_file, "w") as f:
+    with tf.io.gfile.GFile(f"{staging}/{split}.metadata.json", "w") as f:
         json.dump(metadata, f, indent=1)
+    _commit(staging, output_dir, split, before, [s["file"] for s in shards])
     return metadata
+
+
+def _commit(staging: str, output_dir: str, split: str, before: tuple, files: list) -> None:
+    """Replace the split in ``output_dir`` by the complete one in ``staging``.
+
+    The old metadata goes first (a reader then finds no split rather than a mix of old and
+    new shards), then the old shards, then the new shards move in, and the new metadata
+    last: from that moment readers see the new split. If another writer changed the split
+    since this one started, nothing is replaced and this write is dropped.
+    """
+    import tensorflow as tf
+
+    now = _split_state(output_dir, split)
+    if now != before:
+        _remove_tree(staging)
+        raise FileExistsError(
+            f"Another writer changed split {split!r} in {output_dir} while this one was"
+            " writing; its records were kept and this write was dropped. Fix: give each"
+            " writer its own output_dir or split, or write again to replace them."
+        )
+    meta_file = metadata_path(output_dir, split)
+    if now[0] is not None:
+        tf.io.gfile.remove(meta_file)
+    for path in now[1]:
+        tf.io.gfile.remove(path)
+    for name in files:
+        tf.io.gfile.rename(f"{staging}/{name}", f"{output_dir}/{name}", overwrite=True)
+    tf.io.gfile.rename(f"{staging}/{split}.metadata.json", meta_file, overwrite=True)
+    _remove_tree(staging)
 
 
 # --- reading -------------------------------------------------------------------------
@@ -563,7 +633,7 @@ def _metadata_shards(metadata: dict, check_sizes: bool) -> list[Shard]:
 
     folder, split = metadata["_dir"], metadata["split"]
     listed = {s["file"] for s in metadata["shards"]}
-    present = {p.rsplit("/", 1)[-1] for p in tf.io.gfile.glob(f"{folder}/{split}-*-of-*.tfrecord*")}
+    present = {p.rsplit("/", 1)[-1] for p in split_files(folder, split)}
     missing, extra = sorted(listed - present), sorted(present - listed)
     if missing:
         raise RecordsError(
