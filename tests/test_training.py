@@ -83,3 +83,39 @@ print("FILES", sorted(tf.io.gfile.listdir("ram://bucket/run1"))[:3])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "FILES ['checkpoint'," in result.stdout
     assert final(result.stdout)[0] > 0
+
+
+def test_a_checkpoint_that_does_not_match_the_model_is_refused(tmp_path):
+    first = run(tmp_path / "ckpt", "--epochs", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    renamed = run(tmp_path / "ckpt", "--renamed")
+    assert renamed.returncode != 0
+    assert "CheckpointMismatchError" in renamed.stderr
+    assert "does not hold every variable" in renamed.stderr and "Fix:" in renamed.stderr
+    assert "FINAL" not in renamed.stdout
+
+
+def test_a_corrupt_checkpoint_is_named(tmp_path):
+    first = run(tmp_path / "ckpt", "--epochs", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    index = sorted((tmp_path / "ckpt").glob("*.index"))[-1]
+    index.write_bytes(b"not a checkpoint index")
+    broken = run(tmp_path / "ckpt")
+    assert broken.returncode != 0
+    assert f"Cannot read checkpoint {str(index)[: -len('.index')]}" in broken.stderr
+
+
+def test_a_batch_of_the_wrong_size_is_refused():
+    import numpy as np
+    import tensorflow as tf
+
+    from tpu_helpers.training import CustomLoop
+
+    strategy = tf.distribute.get_strategy()
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
+    loop = CustomLoop(strategy, model, tf.keras.optimizers.Adam(), global_batch=16)
+    per_replica = tf.data.Dataset.from_tensor_slices(
+        (np.ones((64, 3), np.float32), np.zeros(64, np.int32), np.ones(64, np.float32))
+    ).batch(8, drop_remainder=True)
+    with pytest.raises(ValueError, match="batch of 8 rows .*global_batch=16"):
+        loop.fit(lambda epoch, skip: per_replica, steps_per_epoch=2, epochs=1, log=lambda m: None)

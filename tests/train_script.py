@@ -32,7 +32,21 @@ class Tiny(tf.keras.Model):
         return self.out(pooled)
 
 
-def main(checkpoint_dir, slow):
+class Renamed(tf.keras.Model):
+    """``Tiny`` with its layers under other names: a checkpoint of ``Tiny`` matches none."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = tf.keras.layers.Embedding(50, 8)
+        self.head = tf.keras.layers.Dense(2)
+
+    def call(self, features, training=False):
+        mask = tf.cast(features["attention_mask"], tf.float32)[..., None]
+        total = tf.reduce_sum(self.embedding(features["input_ids"]) * mask, 1)
+        return self.head(total / tf.reduce_sum(mask, 1))
+
+
+def main(checkpoint_dir, slow, renamed=False, epochs=3):
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, 30, 300)
     ids = [rng.integers(1, 50, n).tolist() for n in lengths]
@@ -47,7 +61,7 @@ def main(checkpoint_dir, slow):
         )[0]
 
     with strategy.scope():
-        model = Tiny()
+        model = Renamed() if renamed else Tiny()
         optimizer = tf.keras.optimizers.Adam(0.01)
     loop = CustomLoop(strategy, model, optimizer, 16, checkpoint_dir, steps_per_call=4)
 
@@ -56,10 +70,11 @@ def main(checkpoint_dir, slow):
         if slow:
             time.sleep(0.3)
 
-    loop.fit(train_fn, steps, epochs=3, checkpoint_every=5, log=log)
+    loop.fit(train_fn, steps, epochs=epochs, checkpoint_every=5, log=log)
     total = sum(float(np.abs(w).sum()) for w in model.get_weights())
     print(f"FINAL step={loop.step} steps_per_epoch={steps} weights={total:.6f}", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--slow" in sys.argv)
+    epochs = int(sys.argv[sys.argv.index("--epochs") + 1]) if "--epochs" in sys.argv else 3
+    main(sys.argv[1], "--slow" in sys.argv, "--renamed" in sys.argv, epochs)

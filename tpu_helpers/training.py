@@ -20,6 +20,15 @@ import tpu_helpers._env  # noqa: F401
 from tpu_helpers.metrics import logits_of
 
 
+class CheckpointMismatchError(RuntimeError):
+    """A checkpoint cannot be read, or does not match the model and optimizer."""
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return " ".join(lines[:3]) if lines else type(error).__name__
+
+
 class CustomLoop:
     """Train a classifier with ``strategy.run``.
 
@@ -63,12 +72,14 @@ class CustomLoop:
             else None
         )
         self._train_call = tf.function(self._train_steps)
+        self._pending_restore = None
         self._eval_call = tf.function(self._eval_step)
 
     # --- one replica's work ---------------------------------------------------------
     def _replica_train_step(self, features, labels, weights):
         import tensorflow as tf
 
+        self._check_batch(labels)
         with tf.GradientTape() as tape:
             logits = logits_of(self.model(features, training=True))
             per_example = self.loss_fn(labels, logits) * tf.cast(weights, tf.float32)
@@ -81,6 +92,32 @@ class CustomLoop:
         self.optimizer.apply_gradients(zip(grads, variables, strict=True))
         self.train_loss.update_state(self.loss_fn(labels, logits), sample_weight=weights)
         self.train_accuracy.update_state(labels, logits, sample_weight=weights)
+
+    def _check_batch(self, labels) -> None:
+        """The loss is divided by ``global_batch``: a batch of another size would scale
+        every gradient wrongly (8x with the per-replica batch on 8 cores)."""
+        import tensorflow as tf
+
+        replicas = self.strategy.num_replicas_in_sync
+        rows = labels.shape[0]
+        message = (
+            f"global_batch={self.global_batch} with {replicas} replica(s) means"
+            f" {self.global_batch // replicas if self.global_batch % replicas == 0 else '?'}"
+            " rows per replica per step"
+        )
+        if rows is not None:
+            if rows * replicas != self.global_batch:
+                raise ValueError(
+                    f"Each replica got a batch of {rows} rows ({rows * replicas} per step),"
+                    f" but {message}: every gradient would be scaled by"
+                    f" {rows * replicas}/{self.global_batch}. Fix: pass the global batch"
+                    " (per-replica batch x replicas, text.global_batch_size) both to the"
+                    " dataset and to CustomLoop."
+                )
+        else:
+            tf.debugging.assert_equal(
+                tf.shape(labels)[0] * replicas, self.global_batch, message=message
+            )
 
     def _train_steps(self, iterator, steps):
         import tensorflow as tf
@@ -104,11 +141,53 @@ class CustomLoop:
         return int(self.optimizer.iterations.numpy())
 
     def restore(self) -> int:
-        """Load the latest checkpoint if there is one; return the step it resumes at."""
-        if self.manager and self.manager.latest_checkpoint:
-            self.checkpoint.restore(self.manager.latest_checkpoint)
-            print(f"restored {self.manager.latest_checkpoint} at step {self.step}")
+        """Load the latest checkpoint if there is one; return the step it resumes at.
+
+        Every variable of the model and the optimizer must find its value in the
+        checkpoint, or ``CheckpointMismatchError`` names those that did not (a renamed
+        layer, another architecture) instead of training on from fresh weights. Variables
+        that do not exist yet (a model built by its first batch, optimizer slots) are
+        checked after the first training step, before anything is saved.
+        """
+        import tensorflow as tf
+
+        self._pending_restore = None
+        if not (self.manager and self.manager.latest_checkpoint):
+            return self.step
+        path = self.manager.latest_checkpoint
+        try:
+            status = self.checkpoint.restore(path)
+        except (tf.errors.OpError, ValueError) as err:
+            raise CheckpointMismatchError(
+                f"Cannot read checkpoint {path}: {_first_line(err)}. Fix: delete that"
+                " checkpoint (its .index and .data files) to resume from the one before, or"
+                " start in an empty checkpoint_dir."
+            ) from err
+        self._pending_restore = (status, path)
+        if self.model.variables:
+            self._verify_restore()
+        print(f"restored {path} at step {self.step}")
         return self.step
+
+    def _verify_restore(self) -> None:
+        if self._pending_restore is None:
+            return
+        status, path = self._pending_restore
+        self._pending_restore = None
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError as err:
+            import re
+
+            names = re.findall(r"<tf\.Variable '([^']+)'", str(err))
+            found = f"{len(names)} not found, such as {names[:4]}" if names else _first_line(err)
+            raise CheckpointMismatchError(
+                f"Checkpoint {path} does not hold every variable of this model and"
+                f" optimizer ({found[:600]}). The weights would stay fresh while"
+                " the step count resumes. Fix: resume with the model (layer names"
+                " included) and optimizer that wrote it, or start in an empty"
+                " checkpoint_dir."
+            ) from err
 
     def evaluate(self, dataset, steps: int) -> dict:
         self.val_loss.reset_state()
@@ -153,6 +232,7 @@ class CustomLoop:
                 until_checkpoint = checkpoint_every - self.step % checkpoint_every
                 n = min(self.steps_per_call, steps_per_epoch - done, until_checkpoint)
                 self._train_call(iterator, tf.constant(n))
+                self._verify_restore()  # variables built by the first step exist now
                 done += n
                 if self.manager and (self.step % checkpoint_every == 0 or done == steps_per_epoch):
                     path = self.manager.save(checkpoint_number=self.step)
@@ -171,4 +251,6 @@ class CustomLoop:
                 )
             )
             history.append(row)
+        if self.model.variables:
+            self._verify_restore()  # also when the checkpoint left nothing to train
         return history
