@@ -80,15 +80,22 @@ def test_fixed_records_round_trip_on_ram_bucket():
     names = [s["file"] for s in meta["shards"]]
     assert names == [f"train-{i:05d}-of-00005.tfrecord" for i in range(5)]
     assert [s["num_records"] for s in meta["shards"]] == [70, 70, 70, 70, 20]
-    assert meta["features"]["input_ids"] == {"dtype": "int64", "shape": [16]}
-    assert meta["features"]["label"] == {"dtype": "int64", "shape": []}
+    ids = data["input_ids"]
+    assert meta["features"]["input_ids"] == {
+        "dtype": "int64",
+        "shape": [16],
+        "min": int(np.min(ids)),
+        "max": int(np.max(ids)),
+    }
+    assert meta["features"]["label"] == {"dtype": "int64", "shape": [], "min": 0, "max": 1}
     assert meta["source"] == {"tokenizer": "t"}
     assert tf.io.gfile.exists(f"{out}/train.metadata.json")
 
     ds = records.read_records(out, batch_size=32, shuffle=False)
     assert ds.steps == 300 // 32 and int(ds.cardinality()) == ds.steps
     seen = []
-    for features, labels in ds:
+    for features, labels, weights in ds:
+        assert weights.numpy().tolist() == [1.0] * 32
         assert features["input_ids"].shape == (32, 16) and features["input_ids"].dtype == tf.int32
         seen.extend(features["idx"].numpy().tolist())
         np.testing.assert_array_equal(labels.numpy(), features["idx"].numpy() % 2)
@@ -97,7 +104,7 @@ def test_fixed_records_round_trip_on_ram_bucket():
     assert len(seen) == len(set(seen)) == 9 * 32
 
     shuffled = records.read_records(out, batch_size=32, seed=1)
-    order = [int(x) for f, _ in shuffled for x in f["idx"]]
+    order = [int(x) for f, _, _ in shuffled for x in f["idx"]]
     assert sorted(order) != order and len(set(order)) == len(order)
 
 
@@ -131,7 +138,9 @@ def test_variable_length_records_are_padded_per_batch(fixtures_dir):
     batches = list(ds)
     assert len(batches) == ds.steps
     per_width = {w: 0 for w in widths}
-    for features, _ in batches:
+    records_read = 0
+    for features, _, weights in batches:
+        records_read += int(weights.numpy().sum())
         ids, mask = features["input_ids"].numpy(), features["attention_mask"].numpy()
         assert ids.shape[0] == 16 and ids.shape[1] in widths
         assert (
@@ -141,7 +150,9 @@ def test_variable_length_records_are_padded_per_batch(fixtures_dir):
         np.testing.assert_array_equal(mask, ids != 0)
         per_width[ids.shape[1]] += 1
     bucket = np.searchsorted(widths, np.minimum(lengths, widths[-1]))
-    assert per_width == {w: int((bucket == i).sum()) // 16 for i, w in enumerate(widths)}
+    # every record is read once: a width's last batch is completed with weight-0 copies
+    assert per_width == {w: -(-int((bucket == i).sum()) // 16) for i, w in enumerate(widths)}
+    assert records_read == len(lengths)
 
 
 def test_any_iterable_with_gzip_and_string_features(tmp_path):
@@ -149,7 +160,7 @@ def test_any_iterable_with_gzip_and_string_features(tmp_path):
     meta = records.write_records(rows, str(tmp_path), compression="GZIP", shard_records=20)
     assert [s["file"] for s in meta["shards"]][0] == "train-00000-of-00003.tfrecord.gz"
     ds = records.read_records(str(tmp_path), 10, shuffle=False)
-    features, labels = next(iter(ds))
+    features, labels, _ = next(iter(ds))
     assert features["text"].numpy()[3] == b"sentence 3"
     assert features["score"].numpy()[4].tolist() == [2.0]
     assert labels.numpy().tolist() == [i % 3 for i in range(10)]
@@ -169,7 +180,7 @@ def test_the_tutorial_file_loads_with_a_hand_written_spec(tmp_path):
         "labels": tf.io.FixedLenFeature((1,), dtype=tf.int64),
     }
     ds = records.read_records(path, 8, spec=spec, label_column="labels", shuffle=False)
-    features, labels = next(iter(ds))
+    features, labels, _ = next(iter(ds))
     assert features["input_ids"].shape == (8, 128) and labels.shape == (8, 1)
     assert sum(1 for _ in ds) == 5
 
@@ -223,7 +234,7 @@ def test_corrupt_shard_is_named_and_can_be_skipped(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "skipped 1 corrupt shard(s), 50 records not read" in out
     assert "train-00001-of-00004" in out
-    idx = [int(x) for f, _ in ds for x in f["idx"]]
+    idx = [int(x) for f, _, _ in ds for x in f["idx"]]
     assert ds.steps == 15 and sorted(idx) == [i for i in range(200) if not 50 <= i < 100]
     source = records.open_records(str(tmp_path), on_corrupt="skip")
     assert source.skipped_records == 50 and len(source.skipped) == 1
@@ -257,7 +268,7 @@ def test_too_few_shards_for_the_input_pipelines(tmp_path):
     context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=2)
     ds = records.read_records(str(tmp_path), 10, input_context=context, shuffle=False)
     # pipeline 2 reads shard 2 only; all pipelines stop after the shortest one's batches
-    idx = [int(x) for f, _ in ds for x in f["idx"]]
+    idx = [int(x) for f, _, _ in ds for x in f["idx"]]
     assert ds.steps == 5 and set(idx) <= set(range(100, 150))
 
 
@@ -299,7 +310,7 @@ def test_distribute_records_under_two_replicas(tmp_path):
         strategy = tpu_helpers.connect(simulated_replicas=2)
         ds, steps = records.distribute_records(strategy, {str(tmp_path)!r}, 8, shuffle=False)
         n = 0
-        for features, labels in ds:
+        for features, labels, weights in ds:
             parts = strategy.experimental_local_results(features["input_ids"])
             assert [p.shape.as_list() for p in parts] == [[8, 16], [8, 16]], parts
             n += 1
@@ -315,10 +326,10 @@ def test_attention_mask_comes_from_lengths_not_token_values(tmp_path):
     rows = [{"input_ids": [0] * (1 + i % 5), "label": i % 2} for i in range(40)]
     records.write_records(rows, str(tmp_path))
     ds = records.read_records(str(tmp_path), 4, boundaries=[2, 5], shuffle=False)
-    for features, _ in ds:
+    for features, _, _ in ds:
         lengths = features["attention_mask"].numpy().sum(axis=1)
         assert set(lengths) <= {1, 2, 3, 4, 5} and lengths.min() >= 1
-    assert sum(int(f["attention_mask"].numpy().sum()) for f, _ in ds) == sum(
+    assert sum(int(f["attention_mask"].numpy().sum()) for f, _, _ in ds) == sum(
         min(1 + i % 5, 5) for i in range(40)
     )
 
@@ -392,3 +403,43 @@ def test_a_killed_writer_leaves_nothing_a_reader_picks_up(tmp_path):
     # the leftover is in a hidden folder of the dead writer's; a new write is not disturbed
     records.write_records(_fixed_dataset(40), str(tmp_path))
     assert _read_all(tmp_path) == 40
+
+
+def test_no_variable_length_record_is_left_out(tmp_path):
+    # 7 short and 3 long records, batch 4: whole batches alone would read 4 of the 10
+    rows = [{"input_ids": [5] * (2 if i < 7 else 9), "label": i % 2} for i in range(10)]
+    records.write_records(rows, str(tmp_path))
+    ds = records.read_records(str(tmp_path), 4, boundaries=[4, 16], shuffle=False)
+    batches = list(ds)
+    assert len(batches) == ds.steps == 3  # ceil(7 / 4) + ceil(3 / 4)
+    assert sum(float(w.numpy().sum()) for _, _, w in batches) == 10
+    assert all(f["input_ids"].shape[0] == 4 for f, _, _ in batches)
+    # when no width fills a batch, the records still come out
+    few = records.read_records(str(tmp_path), 16, boundaries=[4, 16], shuffle=False)
+    assert sum(float(w.numpy().sum()) for _, _, w in few) == 10
+
+
+def test_values_that_would_read_back_wrong_are_refused(tmp_path):
+    rows = [{"input_ids": [1, 2], "label": 0}, {"input_ids": [1, 2], "label": None}]
+    with pytest.raises(ValueError, match="'label' has a missing value at row 1"):
+        records.write_records(rows, str(tmp_path / "none"))
+    assert not list((tmp_path / "none").iterdir())
+    records.write_records(rows[:1] * 4, str(tmp_path / "none"))
+
+    from datasets import Dataset
+
+    arrow = Dataset.from_dict({"input_ids": [[1, 2]] * 3, "label": [0, None, 1]})
+    with pytest.raises(ValueError, match="'label' has a missing value at row 1"):
+        records.write_records(arrow, str(tmp_path / "arrow"))
+
+    big = [{"input_ids": [1, 2**40], "label": 0}] * 4
+    records.write_records(big, str(tmp_path / "big"))
+    with pytest.raises(RecordsError, match="'input_ids' holds 1099511627776, beyond the int32"):
+        records.read_records(str(tmp_path / "big"), 2)
+
+    unlabelled = [{"input_ids": [1, 2], "label": -1}] * 4
+    records.write_records(unlabelled, str(tmp_path / "test-split"))
+    with pytest.raises(RecordsError, match="'label' holds label -1.*GLUE test splits"):
+        records.read_records(str(tmp_path / "test-split"), 2)
+    with pytest.raises(ValueError, match="Fix: boundaries=\\[4, 8\\]"):
+        records.read_records(str(tmp_path / "none"), 2, boundaries=[8, 4])

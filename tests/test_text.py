@@ -188,3 +188,42 @@ def test_longest_padded_batches_are_as_wide_as_their_longest_row():
         widths.add(ids.shape[1])
     assert len(seen) == 96 and len(widths) > 3  # 6 full batches, one width each
     assert sorted(seen) != seen  # shuffled, not sorted by length
+
+
+# --- bad input where it enters --------------------------------------------------------
+def _split(labels, n=None):
+    n = n or len(labels)
+    return {"input_ids": [[101, 7, 102]] * n, "length": [3] * n, "label": labels}
+
+
+@pytest.mark.parametrize(
+    "labels, num_labels, message",
+    [
+        ([0, 1, -1, 0], None, "label -1 at row 2.*GLUE test splits"),
+        ([0, 1, None, 0], None, "missing value \\(None\\) at row 2"),
+        ([0, 1.5, 1, 0], None, "label 1.5 at row 1"),
+        ([0, 1, 3, 0], 2, "label 3 at row 2, outside \\[0, 2\\).*num_labels=4"),
+        (["a", "b", "a", "b"], None, "not class numbers"),
+    ],
+)
+def test_bad_labels_are_named_with_their_row(labels, num_labels, message):
+    with pytest.raises(ValueError, match=message):
+        text.make_text_dataset(_split(labels), 2, [4], num_labels=num_labels)
+
+
+@pytest.mark.parametrize(
+    "boundaries, fix",
+    [([64, 32], "\\[32, 64\\]"), ([0, 16], "\\[16\\]"), ([16, 16, 32], "\\[16, 32\\]")],
+)
+def test_bad_widths_are_refused_with_the_list_to_use(boundaries, fix):
+    with pytest.raises(ValueError, match=f"Fix: boundaries={fix}"):
+        text.make_text_dataset(_split([0, 1, 0, 1]), 2, boundaries)
+    with pytest.raises(ValueError, match="positive and increasing"):
+        text.batch_plan([3, 3], boundaries, 2)
+
+
+def test_a_missing_column_is_named():
+    split = _split([0, 1])
+    del split["length"]
+    with pytest.raises(ValueError, match="no column 'length'.*text.tokenize"):
+        text.make_text_dataset(split, 2, [4])

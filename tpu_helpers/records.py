@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import tpu_helpers._env  # noqa: F401
+from tpu_helpers.validate import check_boundaries, check_int32
 
 FORMAT = "tpu_helpers.records/1"
 DEFAULT_SHARD_BYTES = 100 * 1024 * 1024
@@ -196,6 +197,17 @@ class _Column:
     dtype: str
     scalar: bool
     lengths: Counter
+    low: int | None = None
+    high: int | None = None
+
+    def see(self, flat) -> None:
+        """Track the range of an integer column (the reader casts to int32)."""
+        if self.dtype != "int64" or len(flat) == 0:
+            return
+        array = np.asarray(flat)
+        low, high = int(array.min()), int(array.max())
+        self.low = low if self.low is None else min(self.low, low)
+        self.high = high if self.high is None else max(self.high, high)
 
     def spec(self) -> dict:
         if self.scalar:
@@ -207,6 +219,8 @@ class _Column:
         spec = {"dtype": self.dtype, "shape": shape}
         if shape == [None]:
             spec["min_length"], spec["max_length"] = min(self.lengths), max(self.lengths)
+        if self.low is not None:
+            spec["min"], spec["max"] = self.low, self.high
         return spec
 
 
@@ -223,8 +237,25 @@ def _dtype_of(values: np.ndarray, name: str) -> str:
     )
 
 
-def _as_column(name: str, values) -> tuple[str, bool, object, np.ndarray]:
+def _missing_row(values) -> int | None:
+    """Index of the first ``None`` (or NaN in a list of Python numbers), else ``None``."""
+    if isinstance(values, _Lists) or (isinstance(values, np.ndarray) and values.dtype != object):
+        return None  # Arrow list columns are checked for nulls in _from_arrow
+    for i, v in enumerate(values):
+        if v is None or (isinstance(v, float) and v != v):
+            return i
+    return None
+
+
+def _as_column(name: str, values, first_row: int = 0) -> tuple[str, bool, object, np.ndarray]:
     """``(dtype, scalar, flat values, row lengths)`` of one column of a chunk."""
+    missing = _missing_row(values)
+    if missing is not None:
+        raise ValueError(
+            f"Column {name!r} has a missing value at row {first_row + missing}: written as is,"
+            " an integer column would turn into floats and read back as NaN. Fix: fill or"
+            " drop those rows before writing (dataset.filter(lambda x: x[name] is not None))."
+        )
     if isinstance(values, _Lists):
         flat = values.flat
         if isinstance(flat, list):
@@ -276,8 +307,8 @@ def _from_arrow(column):
             else values.to_numpy(zero_copy_only=False)
         )
         return _Lists(flat, per_row.astype(np.int64))
-    if pa.types.is_binary(column.type) or pa.types.is_string(column.type):
-        return column.to_pylist()
+    if pa.types.is_binary(column.type) or pa.types.is_string(column.type) or column.null_count:
+        return column.to_pylist()  # nulls stay None, which _as_column names with their row
     return column.to_numpy(zero_copy_only=False)
 
 
@@ -445,7 +476,7 @@ def write_records(
         for chunk in _chunks(examples, chunk_size, columns):
             encoded = {}
             for name, values in chunk.items():
-                dtype, scalar, flat, lengths = _as_column(name, values)
+                dtype, scalar, flat, lengths = _as_column(name, values, written)
                 known = info.get(name)
                 if known is None:
                     known = info[name] = _Column(dtype, scalar, Counter())
@@ -455,6 +486,7 @@ def write_records(
                         f"{'' if known.scalar else ' list'} before, {dtype}"
                         f"{'' if scalar else ' list'} now. Fix: cast the column to one type."
                     )
+                known.see(flat)
                 encoded[name] = (dtype, flat, lengths)
             if set(encoded) != set(info):
                 raise ValueError(
@@ -873,18 +905,23 @@ def read_records(
     repeat: bool = False,
     steps_multiple: int = 1,
 ):
-    """A ``tf.data.Dataset`` of ``(features, labels)`` batches of exactly ``batch_size``
-    rows from TFRecord shards (see ``open_records`` for ``source``, ``spec``, ``on_corrupt``).
+    """A ``tf.data.Dataset`` of ``(features, labels, weights)`` batches of exactly
+    ``batch_size`` rows from TFRecord shards (see ``open_records`` for ``source``, ``spec``,
+    ``on_corrupt``); ``(features, weights)`` with ``label_column=None``. Weights are 1 for
+    records and 0 for the copies that complete a short batch (``fit`` takes them as sample
+    weights, ``CustomLoop`` as its third element).
 
     Fixed-shape features: records are batched, then parsed in one ``parse_example``.
     Shuffling: the file order every epoch, and the records in blocks of ``shuffle_buffer``
     (each block randomly permuted in one op; a per-record shuffle buffer cost a third of
     the throughput). Write shards from data that is not sorted by label.
 
-    Variable-length features are padded (with 0) per batch to the narrowest of
-    ``boundaries`` (from ``text.choose_boundaries(record_lengths(...))``; default: the
-    longest record); an ``attention_mask`` is added when the records have none. Integers
-    become int32.
+    Fixed-shape records: the records after the last full batch of an epoch are left out
+    of that epoch (fewer than ``batch_size``; shuffling changes which). Variable-length
+    features are padded (with 0) per batch to the narrowest of ``boundaries`` (from
+    ``text.choose_boundaries(record_lengths(...))``; default: the longest record); every
+    record is read, the last batch of each width completed with weight-0 copies; an
+    ``attention_mask`` is added when the records have none. Integers become int32.
 
     ``parallel_reads``: files read at once (default 8 for ``gs://``-like paths, where each
     read waits on the network; 1 for local ones, where interleaving files measured slower,
@@ -919,6 +956,21 @@ def read_records(
             f"The records have no label feature {label_column!r}; they have"
             f" {sorted(source.features)}. Fix: pass label_column= one of those, or None."
         )
+    for name, f in source.features.items():
+        if f.get("dtype") == "int64" and "min" in f:
+            try:
+                check_int32(f["min"], f["max"], name)
+            except ValueError as err:
+                raise RecordsError(str(err)) from None
+    label = source.features.get(label_column) if label_column else None
+    if label and label.get("shape") == [] and label.get("min", 0) < 0:
+        raise RecordsError(
+            f"Feature {label_column!r} holds label {label['min']}: a split without labels"
+            " (GLUE test splits use -1) trains to a NaN loss. Fix: write a labelled split,"
+            " or leave out those rows before writing."
+        )
+    if boundaries is not None:
+        boundaries = check_boundaries(boundaries)
     if variable and pipelines > 1:
         raise RecordsError(
             "Variable-length records padded per batch would give each host its own widths,"
@@ -930,7 +982,7 @@ def read_records(
     tf_spec = _spec_to_tf(source.features)
 
     steps = None
-    if all(s.num_records is not None for s in shards):
+    if not variable and all(s.num_records is not None for s in shards):
         counts = [sum(s.num_records for s in shards[p::pipelines]) for p in range(pipelines)]
         steps = min(c // batch_size for c in counts) // steps_multiple * steps_multiple
         if steps == 0:
@@ -951,7 +1003,8 @@ def read_records(
             per_width = Counter()
             for length, n in hist.items():
                 per_width[int(np.searchsorted(widths, min(length, widths[-1])))] += n
-            steps = sum(n // batch_size for n in per_width.values())
+            # every record is read: a width's last batch is completed with weight-0 copies
+            steps = sum(-(-n // batch_size) for n in per_width.values())
 
     if parallel_reads is None:
         parallel_reads = 8 if is_remote(files[0]) else 1
@@ -971,16 +1024,18 @@ def read_records(
     else:
         ds = tf.data.TFRecordDataset(ds, compression_type=compression)
 
-    def to_model(parsed):
+    def to_model(parsed, weights=None):
         out = {}
         for name, value in parsed.items():
             if value.dtype == tf.int64:
                 value = tf.cast(value, tf.int32)
             out[name] = value
+        if weights is None:
+            weights = tf.ones([batch_size], tf.float32)
         if label_column is None:
-            return out
+            return out, weights
         labels = out.pop(label_column)
-        return out, labels
+        return out, labels, weights
 
     if not variable:
         if shuffle:  # permute blocks of records: one vectorized op instead of one per record
@@ -1007,16 +1062,26 @@ def read_records(
             bucket_boundaries=[w + 1 for w in widths],
             bucket_batch_sizes=[batch_size] * (len(widths) + 1),
             pad_to_bucket_boundary=True,
-            drop_remainder=True,
+            drop_remainder=False,
         )
 
         def with_mask(batch):
             batch = dict(batch)
+            # a width's last batch is short: complete it with copies of its rows, weight 0,
+            # so that every record is read once and every batch has the static size
+            rows = tf.shape(batch["_length"])[0]
+            take = tf.range(batch_size) % rows
+            batch = {n: tf.gather(v, take) for n, v in batch.items()}
+            weights = tf.cast(tf.range(batch_size) < rows, tf.float32)
             length = batch.pop("_length")
             if "attention_mask" not in batch:
                 width = tf.shape(batch[key])[1]
                 batch["attention_mask"] = tf.sequence_mask(length, width, dtype=tf.int32)
-            return to_model(batch)
+            batch = {
+                n: tf.ensure_shape(v, [batch_size] + [None] * (v.shape.rank - 1))
+                for n, v in batch.items()
+            }
+            return to_model(batch, weights)
 
         ds = ds.map(with_mask, tf.data.AUTOTUNE)
     if steps is not None and not repeat:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import tpu_helpers._env  # noqa: F401  (TF_USE_LEGACY_KERAS before TF loads)
+from tpu_helpers.validate import check_boundaries, check_labels
 
 SCHEMES = ("max_length", "multiple", "buckets")
 
@@ -243,6 +244,7 @@ def batch_plan(
 
     Returns ``(indices [n, B], widths [n], weights [n, B])`` as numpy arrays.
     """
+    boundaries = check_boundaries(boundaries)
     lengths = np.minimum(np.asarray(lengths), boundaries[-1])
     if len(lengths) < global_batch:
         raise ValueError(
@@ -285,6 +287,11 @@ def count_steps(lengths: Sequence[int], boundaries: Sequence[int], global_batch:
     return len(batch_plan(lengths, boundaries, global_batch, shuffle=False)[1])
 
 
+def _columns(split) -> list[str]:
+    names = getattr(split, "column_names", None)
+    return list(names) if names is not None else list(split)
+
+
 def make_text_dataset(
     split,
     global_batch: int,
@@ -295,6 +302,7 @@ def make_text_dataset(
     label_column: str = "label",
     input_context=None,
     skip_steps: int = 0,
+    num_labels: int | None = None,
 ):
     """A ``tf.data.Dataset`` of ``({"input_ids", "attention_mask"}, labels, weights)``.
 
@@ -311,13 +319,24 @@ def make_text_dataset(
     ``skip_steps`` starts after that many global steps (resuming mid-epoch from a
     checkpoint replays none of the steps already done). The number of steps per epoch is on
     the dataset as ``steps_per_epoch``.
+
+    Labels are checked once, here: missing, fractional, negative (GLUE test splits carry
+    -1) or, with ``num_labels``, too large values raise ``ValueError`` with the row.
     """
     import tensorflow as tf
 
+    boundaries = check_boundaries(boundaries)
+    missing = [c for c in ("input_ids", "length", label_column) if c not in _columns(split)]
+    if missing:
+        raise ValueError(
+            f"The split has no column {missing[0]!r} (it has {_columns(split)}). Fix:"
+            " text.tokenize(split, tokenizer, max_length) adds input_ids and length; name"
+            " the label column with label_column=."
+        )
     lengths = np.asarray(split["length"])
     tokens = np.concatenate([np.asarray(x[: boundaries[-1]], np.int32) for x in split["input_ids"]])
     ragged = tf.RaggedTensor.from_row_lengths(tokens, np.minimum(lengths, boundaries[-1]))
-    labels = tf.constant(np.asarray(split[label_column]), tf.int32)
+    labels = tf.constant(check_labels(split[label_column], num_labels, label_column), tf.int32)
 
     plans = [
         batch_plan(lengths, boundaries, global_batch, seed + e, shuffle) for e in range(epochs)
@@ -365,7 +384,7 @@ def longest_padded_dataset(
     lengths = np.asarray(split["length"])
     tokens = np.concatenate([np.asarray(x, np.int32) for x in split["input_ids"]])
     ragged = tf.RaggedTensor.from_row_lengths(tokens, lengths)
-    labels = np.asarray(split[label_column], np.int32)
+    labels = check_labels(split[label_column], column=label_column)
     order = np.random.default_rng(seed).permutation(len(lengths)) if shuffle else None
     if order is not None:
         ragged, labels = tf.gather(ragged, order), labels[order]

@@ -1,0 +1,107 @@
+"""Checks on data where it enters ``tpu_helpers``: labels, padding widths, integer ranges.
+
+Each check looks at a whole column at once (numpy, no Python loop per row) and raises
+``ValueError`` naming the column, the first bad row, its value and the fix. Values that
+would otherwise train silently wrong: a label of -1 (GLUE test splits) gives a NaN loss
+under XLA, a missing label turns an integer column into floats, an unsorted width list
+cuts examples, an int64 beyond the int32 range wraps when cast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+INT32 = (-(2**31), 2**31 - 1)
+
+
+def _as_array(values, column: str) -> np.ndarray:
+    array = np.asarray(values)
+    if array.dtype == object:
+        missing = np.flatnonzero([v is None for v in array.reshape(-1)])
+        if len(missing):
+            raise ValueError(
+                f"Column {column!r} has a missing value (None) at row {int(missing[0])}"
+                f" ({len(missing)} in all). Fix: fill or drop those rows"
+                " (dataset.filter(lambda x: x[column] is not None))."
+            )
+        array = array.astype(np.float64)
+    return array
+
+
+def check_labels(labels, num_labels: int | None = None, column: str = "label") -> np.ndarray:
+    """Class labels as int32, or ``ValueError``: missing, NaN, fractional, negative or
+    ``>= num_labels`` values are named with their row.
+
+    >>> check_labels([0, 1, 1], num_labels=2).tolist()
+    [0, 1, 1]
+    >>> check_labels([0, -1], num_labels=2)
+    Traceback (most recent call last):
+    ...
+    ValueError: Column 'label' has label -1 at row 1, outside [0, 2). A split without labels (GLUE test splits use -1) cannot be trained on. Fix: train on a labelled split, or drop those rows (dataset.filter(lambda x: x['label'] >= 0)).
+    """
+    array = _as_array(labels, column)
+    if array.size == 0:
+        return array.astype(np.int32)
+    if array.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(array) | (array != np.round(array)))
+        if len(bad):
+            row = int(bad[0])
+            raise ValueError(
+                f"Column {column!r} has label {float(array[row])} at row {row}: class labels are"
+                " whole numbers. Fix: fill missing labels or drop those rows, then cast the"
+                " column to int (dataset.cast_column)."
+            )
+    elif array.dtype.kind not in "iub":
+        raise ValueError(
+            f"Column {column!r} holds {array.dtype} values ({array.reshape(-1)[0]!r} at row 0),"
+            " not class numbers. Fix: map the names to ids (ClassLabel.str2int) first."
+        )
+    high = num_labels if num_labels is not None else None
+    bad = np.flatnonzero((array < 0) | ((array >= high) if high is not None else False))
+    if len(bad):
+        row = int(bad[0])
+        value = int(array[row])
+        span = f"[0, {high})" if high is not None else "[0, ...)"
+        fix = (
+            " A split without labels (GLUE test splits use -1) cannot be trained on. Fix:"
+            " train on a labelled split, or drop those rows"
+            f" (dataset.filter(lambda x: x[{column!r}] >= 0))."
+            if value < 0
+            else f" Fix: num_labels={int(array.max()) + 1} for the model, or check the column."
+        )
+        raise ValueError(f"Column {column!r} has label {value} at row {row}, outside {span}.{fix}")
+    return array.astype(np.int32)
+
+
+def check_boundaries(boundaries: Sequence[int]) -> list[int]:
+    """Padding widths as a list of increasing positive ints, or ``ValueError`` with the
+    sorted list to use.
+
+    >>> check_boundaries([16, 32, 64])
+    [16, 32, 64]
+    """
+    widths = list(boundaries) if boundaries is not None else []
+    if not widths:
+        raise ValueError("boundaries is empty. Fix: text.choose_boundaries(lengths).")
+    if not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in widths):
+        raise ValueError(f"boundaries={widths} must be whole numbers of tokens.")
+    if any(w < 1 for w in widths) or any(b <= a for a, b in zip(widths, widths[1:], strict=False)):
+        good = sorted({int(w) for w in widths if w >= 1})
+        raise ValueError(
+            f"boundaries={widths} must be positive and increasing (each batch takes the"
+            f" narrowest width its rows fit). Fix: boundaries={good}."
+        )
+    return [int(w) for w in widths]
+
+
+def check_int32(low: int, high: int, column: str) -> None:
+    """``ValueError`` when ``[low, high]`` does not fit int32 (what a TPU model takes)."""
+    if low < INT32[0] or high > INT32[1]:
+        value = low if low < INT32[0] else high
+        raise ValueError(
+            f"Column {column!r} holds {value}, beyond the int32 range the reader casts"
+            " integers to (values would wrap around). Fix: store it as float or bytes, or"
+            " map it to smaller ids before writing."
+        )
