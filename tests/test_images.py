@@ -198,3 +198,71 @@ def test_images_round_trip_through_tfrecords(bucket):
     assert [p.shape for p, _ in shuffled] == [(3, 3, 32, 32)] * 2
     assert sorted(np.concatenate([y for _, y in shuffled]).tolist()) == sorted(labels)
     assert not np.allclose(np.concatenate([p for p, _ in shuffled]), pixels)  # augmented
+
+
+# --- sizes, read from the header before decoding ------------------------------------------
+def _forged_jpeg(height, width):
+    """A small JPEG whose frame header claims ``height x width``."""
+    data = bytearray(_bytes(leaf_image(np.random.default_rng(3), 0, 16)))
+    at = 2
+    while not (0xC0 <= data[at + 1] <= 0xC3):
+        at += 2 + int.from_bytes(data[at + 2 : at + 4], "big")
+    data[at + 5 : at + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    return bytes(data)
+
+
+def _png_claiming(height, width):
+    data = bytearray(_bytes(leaf_image(np.random.default_rng(3), 0, 16), "PNG"))
+    data[16:24] = width.to_bytes(4, "big") + height.to_bytes(4, "big")
+    return bytes(data)
+
+
+def test_image_sizes_come_from_the_headers():
+    rng = np.random.default_rng(4)
+    array = leaf_image(rng, 1, 40)[:30]  # 30 x 40
+    for fmt in ("JPEG", "PNG", "GIF", "BMP"):
+        assert images.image_size(_bytes(array, fmt)) == (30, 40), fmt
+    assert images.image_size(_forged_jpeg(20000, 20000)) == (20000, 20000)
+    assert "over the limit" in images.image_problem(_forged_jpeg(20000, 20000))
+    assert "over the limit" in images.image_problem(_png_claiming(50000, 50000))
+
+
+@pytest.mark.parametrize(
+    "name, data",
+    [("forged.jpg", _forged_jpeg(20000, 20000)), ("bomb.png", _png_claiming(50000, 50000))],
+)
+def test_an_image_over_the_pixel_limit_is_refused_before_decoding(name, data):
+    path = f"ram://images-big/{name}"
+    tf.io.gfile.makedirs("ram://images-big")
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(data)
+    ds = images.image_dataset([path], [0], SPEC, 1, reduced_decode=name.endswith(".jpg"))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{name}.*over 89,478,485 pixels"):
+        list(ds)
+    _broken_files()
+    good = "ram://images-bad/good.jpg"
+    skipped = images.image_dataset([good, path], [0, 0], SPEC, 1, on_error="skip")
+    assert sum(float(w.numpy().sum()) for _, _, w in skipped) == 1
+
+
+def test_mixed_image_sizes_never_decode_blurry():
+    rng = np.random.default_rng(5)
+    tf.io.gfile.makedirs("ram://images-mixed")
+    paths = []
+    for i, size in enumerate([400] * 5 + [48]):
+        path = f"ram://images-mixed/{i}.jpg"
+        with tf.io.gfile.GFile(path, "wb") as f:
+            f.write(_bytes(leaf_image(rng, 0, size)))
+        paths.append(path)
+    # the sample spreads over the list, so the small image lowers the scale for all
+    assert images.jpeg_scale(paths, 32, 32) == 1
+    ds = images.image_dataset(paths, [0] * 6, SPEC, 6)
+    pixels = next(iter(ds))[0]["pixel_values"].numpy()
+    assert np.abs(pixels[5] - _processor_pixels(paths[5])).mean() < 0.03
+    # one the sample missed stops the pipeline with its name instead of coming out blurry
+    with pytest.raises(tf.errors.InvalidArgumentError, match="(?s)5.jpg.*reduced_decode=False"):
+        images._size_checks(  # eager: the assertion runs as it is made
+            tf.io.read_file(paths[5]), tf.constant(paths[5]), 32, 32, 8, images.MAX_PIXELS
+        )
+    # the same check passes a file the scale suits
+    images._size_checks(tf.io.read_file(paths[0]), tf.constant(paths[0]), 32, 32, 8, 10**8)

@@ -38,23 +38,30 @@ case "$STACK" in
     ;;
 esac
 
+# pip, without the lines this machine's pip configuration adds for index folders it lacks
+pip_in() {
+  local venv="$1"
+  shift
+  "$venv/bin/python" -m pip "$@" 2> >(grep -v "is ignored: it is neither a file nor" >&2)
+}
+
 stamp="$VENV/.requirements.sha"
 want="$(cat $inputs tools/env.sh | sha256sum | cut -d' ' -f1)"
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[env] creating $VENV (stack: $STACK; a few minutes the first time)"
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
+  pip_in "$VENV" install -q --upgrade pip
   if [ "$STACK" = cpu ]; then
-    "$VENV/bin/python" -m pip install -q -r requirements.txt
-    "$VENV/bin/python" -m pip install -q --no-deps -e .
+    pip_in "$VENV" install -q -r requirements.txt
+    pip_in "$VENV" install -q --no-deps -e .
   else
-    "$VENV/bin/python" -m pip install -q -r tools/colab-tpu-image.txt -r <(tooling_requirements)
-    "$VENV/bin/python" -m pip install -q --no-deps -e .
+    pip_in "$VENV" install -q -r tools/colab-tpu-image.txt -r <(tooling_requirements)
+    pip_in "$VENV" install -q --no-deps -e .
     # What the notebooks' install cell runs on a Colab TPU runtime, through the same
     # function: detect_runtime() reads these two variables as "Colab, with a TPU".
     COLAB_RELEASE_TAG=rehearsal TPU_ACCELERATOR_TYPE=v5litepod-1 TPU_SKIP_MDS_QUERY=1 \
-      "$VENV/bin/python" -m tpu_helpers install
+      "$VENV/bin/python" -m tpu_helpers install 2> >(grep -v "is ignored: it is neither" >&2)
     "$VENV/bin/python" - <<'PY'
 from importlib import metadata
 from tpu_helpers.runtime import LIBTPU_PIN, TENSORFLOW_TPU_PIN

@@ -88,18 +88,57 @@ def check_labels(labels: Sequence[int], class_names: Sequence[str], model_config
 
 
 # --- checking files ---------------------------------------------------------------------
-def image_problem(data: bytes) -> str | None:
-    """Why ``data`` is not a complete JPEG/PNG/GIF/BMP file, or None when it looks whole."""
+#: Images claiming more pixels than this are refused before decoding (the limit Pillow uses
+#: against decompression bombs): a forged header can otherwise ask for gigabytes, or a
+#: JPEG whose data does not match its header decodes to a flat gray picture.
+MAX_PIXELS = 89_478_485
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """``(height, width)`` from the header of a JPEG, PNG, GIF or BMP file, without decoding
+    it; ``None`` when the header does not say.
+
+    >>> image_size(b"GIF89a" + (640).to_bytes(2, "little") + (480).to_bytes(2, "little"))
+    (480, 640)
+    """
+    if data.startswith(_PNG) and len(data) >= 24:
+        return int.from_bytes(data[20:24], "big"), int.from_bytes(data[16:20], "big")
+    if data.startswith(_OTHER[:2]) and len(data) >= 10:
+        return int.from_bytes(data[8:10], "little"), int.from_bytes(data[6:8], "little")
+    if data.startswith(b"BM") and len(data) >= 26:
+        width = int.from_bytes(data[18:22], "little", signed=True)
+        return abs(int.from_bytes(data[22:26], "little", signed=True)), abs(width)
     if data.startswith(_JPEG):
-        return None if b"\xff\xd9" in data[-64:] else "truncated JPEG (no end-of-image marker)"
-    if data.startswith(_PNG):
-        return None if b"IEND" in data[-16:] else "truncated PNG (no IEND chunk)"
-    if data.startswith(_OTHER):
-        return None
-    return "not a JPEG, PNG, GIF or BMP file"
+        at = 2
+        while at + 9 <= len(data) and data[at] == 0xFF:
+            marker, length = data[at + 1], int.from_bytes(data[at + 2 : at + 4], "big")
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # start of frame
+                return (
+                    int.from_bytes(data[at + 5 : at + 7], "big"),
+                    int.from_bytes(data[at + 7 : at + 9], "big"),
+                )
+            at += 2 + length
+    return None
 
 
-def scan_images(paths: Sequence[str]) -> dict[str, str]:
+def image_problem(data: bytes, max_pixels: int = MAX_PIXELS) -> str | None:
+    """Why ``data`` is not a complete JPEG/PNG/GIF/BMP file of at most ``max_pixels``
+    pixels, or None when it looks whole."""
+    if data.startswith(_JPEG):
+        if b"\xff\xd9" not in data[-64:]:
+            return "truncated JPEG (no end-of-image marker)"
+    elif data.startswith(_PNG):
+        if b"IEND" not in data[-16:]:
+            return "truncated PNG (no IEND chunk)"
+    elif not data.startswith(_OTHER):
+        return "not a JPEG, PNG, GIF or BMP file"
+    size = image_size(data)
+    if size and size[0] * size[1] > max_pixels:
+        return f"claims {size[0]}x{size[1]} pixels, over the limit of {max_pixels:,}"
+    return None
+
+
+def scan_images(paths: Sequence[str], max_pixels: int = MAX_PIXELS) -> dict[str, str]:
     """Read every file once; return ``{path: problem}`` for the missing and broken ones."""
     import tensorflow as tf
 
@@ -111,7 +150,7 @@ def scan_images(paths: Sequence[str]) -> dict[str, str]:
         except tf.errors.NotFoundError:
             problems[path] = "missing"
             continue
-        problem = image_problem(data)
+        problem = image_problem(data, max_pixels)
         if problem:
             problems[path] = problem
     return problems
@@ -171,16 +210,20 @@ def _valid(data, jpeg_only: bool = False):
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif")
 
 
-def jpeg_scale(paths: Sequence[str], height: int, width: int, sample: int = 16) -> int:
+def jpeg_scale(paths: Sequence[str], height: int, width: int, sample: int = 32) -> int:
     """The JPEG decoding scale (1, 2, 4 or 8) for these files: the largest at which every
-    one of the first ``sample`` images still covers ``height x width``; 0 when not every
-    path is a JPEG (then ``decode_image`` decodes each file in full)."""
+    one of ``sample`` images spread over the list still covers ``height x width``; 0 when
+    not every path is a JPEG (then ``decode_image`` decodes each file in full). An image
+    the sample missed that the scale would shrink below the target stops the pipeline
+    with its name (see ``image_dataset``)."""
     import tensorflow as tf
 
     if not paths or not all(str(p).lower().endswith(JPEG_SUFFIXES) for p in paths):
         return 0
     scale = 8
-    for path in list(paths)[:sample]:
+    paths = list(paths)
+    picks = np.unique(np.linspace(0, len(paths) - 1, min(sample, len(paths))).astype(int))
+    for path in (paths[i] for i in picks):
         try:
             h, w, _ = tf.io.extract_jpeg_shape(tf.io.read_file(path)).numpy()
         except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):
@@ -188,6 +231,66 @@ def jpeg_scale(paths: Sequence[str], height: int, width: int, sample: int = 16) 
         while scale > 1 and (h // scale < height or w // scale < width):
             scale //= 2
     return scale
+
+
+def _header_size(data, jpeg_only: bool):
+    """``[height, width]`` (int64) from the header, as TensorFlow ops, before decoding."""
+    import tensorflow as tf
+
+    def jpeg():
+        return tf.cast(tf.io.extract_jpeg_shape(data)[:2], tf.int64)
+
+    if jpeg_only:
+        return jpeg()
+    raw = tf.io.decode_raw(tf.strings.substr(data, 0, 26), tf.uint8)
+    b = tf.cast(tf.pad(raw, [[0, 26 - tf.size(raw)]]), tf.int64)
+
+    def number(first, count, big_endian):
+        places = range(count - 1, -1, -1) if big_endian else range(count)
+        return sum(b[first + i] * (256**p) for i, p in zip(range(count), places, strict=True))
+
+    head = tf.strings.substr(data, 0, 8)
+    png = tf.stack([number(20, 4, True), number(16, 4, True)])
+    gif = tf.stack([number(8, 2, False), number(6, 2, False)])
+    bmp = tf.abs(tf.stack([number(22, 4, False), number(18, 4, False)]))
+    bmp = tf.where(bmp >= 2**31, 2**32 - bmp, bmp)  # signed (a negative height is top-down)
+    other = tf.where(head == _PNG, png, tf.where(tf.strings.substr(head, 0, 2) == b"BM", bmp, gif))
+    return tf.cond(tf.strings.substr(head, 0, 3) == _JPEG, jpeg, lambda: other)
+
+
+def _size_checks(data, path, height: int, width: int, scale: int, max_pixels: int):
+    """Assertions, naming ``path``, that the image is within ``max_pixels`` and that the
+    reduced JPEG decode (``scale``) still covers the target size."""
+    import tensorflow as tf
+
+    size = _header_size(data, jpeg_only=scale > 0)
+    checks = [
+        tf.debugging.Assert(
+            size[0] * size[1] <= max_pixels,
+            [
+                path,
+                "claims height, width",
+                size,
+                f"over {max_pixels:,} pixels. Fix: remove or shrink the file, or on_error='skip'.",
+            ],
+        )
+    ]
+    if scale:
+        checks.append(
+            tf.debugging.Assert(
+                (size[0] // scale >= height) & (size[1] // scale >= width),
+                [
+                    path,
+                    "is (height, width)",
+                    size,
+                    f": decoded at 1/{scale}, the scale chosen"
+                    f" from a sample of the files, it would be smaller than {height}x{width} and"
+                    " come out blurry. Fix: image_dataset(..., reduced_decode=False) for data"
+                    " sets of mixed image sizes.",
+                ],
+            )
+        )
+    return checks
 
 
 def decode_image(data, height: int, width: int, scale: int = 0, seed=None):
@@ -306,6 +409,7 @@ def image_dataset(
     cache: bool = False,
     on_error: str = "raise",
     reduced_decode: bool = True,
+    max_pixels: int = MAX_PIXELS,
 ):
     """A ``tf.data.Dataset`` of ``({"pixel_values": [B, 3, H, W]}, labels[, weights])``.
 
@@ -315,7 +419,9 @@ def image_dataset(
     scored once; elements then carry a third item, the sample weights.
 
     JPEG files are decoded at a reduced scale when all of them are JPEGs and their size
-    allows (``jpeg_scale``; ``reduced_decode=False`` turns it off).
+    allows (``jpeg_scale``; ``reduced_decode=False`` turns it off). Before decoding, each
+    image's header is read: more than ``max_pixels`` pixels, or smaller than the target
+    at the reduced scale (a data set of mixed sizes), stops the pipeline naming the file.
 
     ``cache=True`` keeps the decoded, resized images (uint8) in memory after the first
     epoch, before augmentation. ``on_error="skip"`` checks every file first and leaves out the
@@ -339,7 +445,7 @@ def image_dataset(
                 " Fix: check the base path (rebase_paths), or on_error='skip'."
             )
     else:
-        problems = scan_images(paths)
+        problems = scan_images(paths, max_pixels)
         if problems:
             listed = "\n  ".join(f"{p}: {why}" for p, why in list(problems.items())[:10])
             print(f"images: skipped {len(problems)} of {len(paths)} files:\n  {listed}")
@@ -369,6 +475,8 @@ def image_dataset(
             ],
         )
         with tf.control_dependencies([check]):
+            sized = _size_checks(data, path, spec.height, spec.width, scale, max_pixels)
+        with tf.control_dependencies(sized):
             image = decode_image(data, spec.height, spec.width, scale, seed)
         return image, label, weight
 
@@ -415,7 +523,12 @@ def write_image_records(
 
 
 def image_records_dataset(
-    source: str, spec: ImageSpec, batch_size: int, training: bool = False, seed: int = 0
+    source: str,
+    spec: ImageSpec,
+    batch_size: int,
+    training: bool = False,
+    seed: int = 0,
+    max_pixels: int = MAX_PIXELS,
 ):
     """Batches like ``image_dataset``'s training ones, read from ``write_image_records``
     shards: ``({"pixel_values"}, labels)``, full batches, augmented when ``training``."""
@@ -438,7 +551,11 @@ def image_records_dataset(
 
     def load(record, seed=None):
         ex = tf.io.parse_single_example(record, features)
-        image = decode_image(ex["image"], spec.height, spec.width, seed=seed)
+        where = tf.constant(f"an image record of {source}")
+        with tf.control_dependencies(
+            _size_checks(ex["image"], where, spec.height, spec.width, 0, max_pixels)
+        ):
+            image = decode_image(ex["image"], spec.height, spec.width, seed=seed)
         return image, tf.cast(ex["label"], tf.int32)
 
     if training:  # crop and flip before the one resize
