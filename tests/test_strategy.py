@@ -88,3 +88,46 @@ def test_import_sets_the_legacy_keras_flag_before_tensorflow():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "FLAG 1 tf_keras" in result.stdout
+
+
+def test_an_address_that_never_answers_fails_within_the_deadline():
+    import socket
+    import threading
+    import time
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    held = []
+
+    def accept_and_say_nothing():
+        while True:
+            try:
+                held.append(server.accept()[0])  # keep the connection open, silent
+            except OSError:
+                return
+
+    threading.Thread(target=accept_and_say_nothing, daemon=True).start()
+    try:
+        start = time.monotonic()
+        result = run_python(
+            f"""
+            import tpu_helpers
+            from tpu_helpers.strategy import TPUConnectionError
+            try:
+                tpu_helpers.connect(tpu="grpc://127.0.0.1:{port}", timeout=5)
+            except TPUConnectionError as err:
+                print("ERR", err)
+            """,
+            timeout=120,
+        )
+        took = time.monotonic() - start
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "did not finish within 5 s" in result.stdout, result.stdout
+    assert f"grpc://127.0.0.1:{port}" in result.stdout and "timeout=" in result.stdout
+    assert took < 60

@@ -12,7 +12,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 
 from tpu_helpers._env import distribution_version
 from tpu_helpers.runtime import RuntimeFacts, detect_runtime
@@ -63,7 +64,32 @@ def _unreachable(address: str, timeout: float = 5.0) -> str | None:
         return f"unreachable within {timeout:.0f} s ({type(err).__name__}: {err})"
 
 
-def _connect_tpu(names: list[str]):
+def _within(seconds: float, what: str, work: Callable[[], object]):
+    """Run ``work`` with a deadline: its result, or ``TimeoutError`` naming ``what``.
+
+    TensorFlow's TPU set-up has no timeout of its own: an address that accepts a TCP
+    connection but never answers blocks it forever. The work runs in a daemon thread,
+    which is left behind if it never returns (the process can still exit).
+    """
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = work()
+        except BaseException as err:  # noqa: BLE001 - handed to the caller
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name=f"tpu_helpers: {what}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} did not finish within {seconds:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def _connect_tpu(names: list[str], timeout: float = 600.0):
     import tensorflow as tf
 
     for name in names:
@@ -76,11 +102,22 @@ def _connect_tpu(names: list[str]):
             if unreachable:
                 errors.append(f"  {name!r}: {unreachable}")
                 continue
-        try:
+
+        def set_up(name=name):
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=name)
             if name != "local":
                 tf.config.experimental_connect_to_cluster(resolver)
             tf.tpu.experimental.initialize_tpu_system(resolver)
+            return resolver
+
+        try:
+            resolver = _within(timeout, f"connecting to TPU {name!r} and initialising it", set_up)
+        except TimeoutError as err:
+            errors.append(
+                f"  {name!r}: {err} (the address answers TCP but not as a TPU, or the TPU is"
+                " busy or restarting; connect(timeout=...) waits longer)"
+            )
+            continue
         except Exception as err:  # noqa: BLE001 - every failure is reported below
             errors.append(f"  {name!r}: {type(err).__name__}: {str(err).splitlines()[0]}")
             continue
@@ -125,6 +162,7 @@ def connect(
     simulated_replicas: int = 0,
     facts: RuntimeFacts | None = None,
     verbose: bool = True,
+    timeout: float = 600.0,
 ):
     """Return the best ``tf.distribute.Strategy`` here and print a one-line summary.
 
@@ -136,6 +174,8 @@ def connect(
             strategy. Must be called before TensorFlow runs any operation.
         facts: runtime facts (``detect_runtime()`` when omitted).
         verbose: print the summary line.
+        timeout: seconds to wait for a TPU to connect and initialise (a pod slice can take
+            minutes); past it, ``TPUConnectionError`` says what it waited for.
 
     Calling it twice is safe: the TPU system is initialised once per process.
 
@@ -152,7 +192,7 @@ def connect(
 
     names = tpu_candidates(tpu, facts)
     if names:
-        strategy = _connect_tpu(names)
+        strategy = _connect_tpu(names, timeout)
         kind = f"TPU {facts.tpu_type or ''}".strip()
     else:
         gpus = tf.config.list_physical_devices("GPU")
