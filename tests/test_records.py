@@ -443,3 +443,25 @@ def test_values_that_would_read_back_wrong_are_refused(tmp_path):
         records.read_records(str(tmp_path / "test-split"), 2)
     with pytest.raises(ValueError, match="Fix: boundaries=\\[4, 8\\]"):
         records.read_records(str(tmp_path / "none"), 2, boundaries=[8, 4])
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.pop("features"), "the entry 'features' is missing"),
+        (lambda m: m.update(num_records="40"), "the entry 'num_records' is a str, not a int"),
+        (lambda m: m["shards"][0].pop("file"), "shards\\[0\\] has no str 'file'"),
+        (lambda m: m["features"]["label"].pop("dtype"), "features\\['label'\\] needs a 'dtype'"),
+    ],
+)
+def test_a_hand_edited_metadata_file_is_named_with_its_entry(tmp_path, edit, message):
+    records.write_records(_fixed_dataset(40), str(tmp_path))
+    path = tmp_path / "train.metadata.json"
+    meta = json.loads(path.read_text())
+    edit(meta)
+    path.write_text(json.dumps(meta))
+    with pytest.raises(RecordsError, match=f"train.metadata.json: {message}.*Fix:"):
+        records.open_records(str(path))
+    path.write_text("{not json")
+    with pytest.raises(RecordsError, match="is not valid JSON"):
+        records.open_records(str(path))

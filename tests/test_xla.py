@@ -366,3 +366,11 @@ def test_train_counting_compiles_refuses_where_steps_cannot_run(monkeypatch):
     monkeypatch.setattr(xla, "_TARGET", [compile_only])
     with pytest.raises(xla.XlaUnavailableError, match="TPU compiler.*Fix: run this on a TPU"):
         xla.train_counting_compiles(tiny_model(), token_batches(), tf.keras.optimizers.Adam())
+
+
+def test_preflight_names_an_unbatched_dataset():
+    unbatched = token_batches().unbatch()
+    with pytest.raises(xla.PreflightError, match="(?s)not batched.*drop_remainder=True"):
+        xla.preflight(tiny_model(), unbatched, Replicas(8))
+    report = xla.preflight(tiny_model(), unbatched, Replicas(8), raise_on_failure=False)
+    assert not report.ok and report["batched"].status == "FAIL"

@@ -645,11 +645,48 @@ def load_metadata(path: str) -> dict:
     if not tf.io.gfile.exists(path):
         raise FileNotFoundError(f"{path} does not exist. Fix: check the path or bucket.")
     with tf.io.gfile.GFile(path) as f:
-        metadata = json.load(f)
-    if metadata.get("format") != FORMAT:
+        try:
+            metadata = json.load(f)
+        except json.JSONDecodeError as err:
+            raise RecordsError(
+                f"{path} is not valid JSON ({err}). Fix: restore the file written with the"
+                " shards, or write the split again."
+            ) from None
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise RecordsError(f"{path} is not a {FORMAT} metadata file.")
+    _check_metadata(metadata, path)
     metadata["_dir"] = path.rsplit("/", 1)[0]
     return metadata
+
+
+#: What every metadata file holds, and the type of each entry.
+_METADATA_KEYS = {"split": str, "num_records": int, "features": dict, "shards": list}
+_SHARD_KEYS = {"file": str, "num_records": int}
+
+
+def _check_metadata(metadata: dict, path: str) -> None:
+    """Name the first missing or mistyped entry of a (hand-edited) metadata file."""
+
+    def bad(where: str, what: str) -> RecordsError:
+        return RecordsError(
+            f"{path}: {where} {what}. Fix: restore the file written with the shards, or"
+            " write the split again."
+        )
+
+    for key, kind in _METADATA_KEYS.items():
+        if key not in metadata:
+            raise bad(f"the entry {key!r}", "is missing")
+        if not isinstance(metadata[key], kind):
+            raise bad(
+                f"the entry {key!r}", f"is a {type(metadata[key]).__name__}, not a {kind.__name__}"
+            )
+    for i, shard in enumerate(metadata["shards"]):
+        for key, kind in _SHARD_KEYS.items():
+            if not isinstance(shard, dict) or not isinstance(shard.get(key), kind):
+                raise bad(f"shards[{i}]", f"has no {kind.__name__} {key!r}")
+    for name, feature in metadata["features"].items():
+        if not isinstance(feature, dict) or "dtype" not in feature or "shape" not in feature:
+            raise bad(f"features[{name!r}]", "needs a 'dtype' and a 'shape'")
 
 
 @dataclass

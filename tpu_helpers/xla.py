@@ -533,6 +533,25 @@ def preflight(
         )
     checks: list[Check] = []
     specs = tf.nest.flatten(dataset.element_spec)
+    scalars = [s for s in specs if s.shape.rank == 0]
+    if scalars:
+        # one example per element (a label is a scalar): every other check would read the
+        # sequence length as the batch size
+        result = PreflightReport(
+            (
+                Check(
+                    "batched",
+                    FAIL,
+                    f"elements are single examples ({len(scalars)} scalar component(s), such"
+                    " as the label): the dataset is not batched",
+                    "dataset.batch(global_batch, drop_remainder=True) before preflight and"
+                    " training (or text.make_text_dataset / records.read_records)",
+                ),
+            )
+        )
+        if raise_on_failure:
+            raise PreflightError(str(result))
+        return result
     unknown_batch = [s for s in specs if s.shape.rank and s.shape[0] is None]
     checks.append(
         Check(
