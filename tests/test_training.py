@@ -119,3 +119,30 @@ def test_a_batch_of_the_wrong_size_is_refused():
     ).batch(8, drop_remainder=True)
     with pytest.raises(ValueError, match="batch of 8 rows .*global_batch=16"):
         loop.fit(lambda epoch, skip: per_replica, steps_per_epoch=2, epochs=1, log=lambda m: None)
+
+
+def test_a_corrupt_record_file_met_in_training_says_how_to_find_it(tmp_path):
+    import numpy as np
+    import tensorflow as tf
+
+    from tpu_helpers import records
+    from tpu_helpers.training import CustomLoop
+
+    rows = [{"x": [float(i)] * 4, "label": i % 2} for i in range(200)]
+    meta = records.write_records(rows, str(tmp_path), shard_records=50, progress=False)
+    shard = tmp_path / meta["shards"][1]["file"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, broken CRC
+    shard.write_bytes(bytes(data))
+
+    inputs = tf.keras.Input((4,), name="x")
+    model = tf.keras.Model({"x": inputs}, tf.keras.layers.Dense(2)(inputs))
+    loop = CustomLoop(tf.distribute.get_strategy(), model, tf.keras.optimizers.Adam(), 10)
+    with pytest.raises(tf.errors.DataLossError, match="verify_records.*on_corrupt='skip'"):
+        loop.fit(
+            lambda epoch, skip: records.read_records(str(tmp_path), 10, shuffle=False),
+            steps_per_epoch=20,
+            epochs=1,
+            log=lambda m: None,
+        )
+    assert np.isfinite(model.get_weights()[0]).all()

@@ -231,7 +231,18 @@ class CustomLoop:
             while done < steps_per_epoch:
                 until_checkpoint = checkpoint_every - self.step % checkpoint_every
                 n = min(self.steps_per_call, steps_per_epoch - done, until_checkpoint)
-                self._train_call(iterator, tf.constant(n))
+                try:
+                    self._train_call(iterator, tf.constant(n))
+                except tf.errors.DataLossError as err:
+                    raise tf.errors.DataLossError(
+                        err.node_def,
+                        err.op,
+                        f"A record file of the training data is corrupt ({_first_line(err)}),"
+                        f" read in epoch {epoch + 1} after step {self.step}; TensorFlow does not"
+                        " say which file. Fix: records.verify_records(<metadata or folder>)"
+                        " names the shard; copy it again, or read with on_corrupt='skip'."
+                        " The last checkpoint is intact.",
+                    ) from err
                 self._verify_restore()  # variables built by the first step exist now
                 done += n
                 if self.manager and (self.step % checkpoint_every == 0 or done == steps_per_epoch):
