@@ -99,10 +99,32 @@ def test_bad_per_replica_batch(bad):
 
 
 def test_max_length_against_the_model_limit():
-    config = SimpleNamespace(max_position_embeddings=512)
+    config = SimpleNamespace(model_type="bert", max_position_embeddings=512)
     assert text.check_max_length(128, config) == 128
-    with pytest.raises(ValueError, match="max_length=600 exceeds the model's limit of 512"):
+    with pytest.raises(ValueError, match="max_length=600 exceeds the bert model's limit of 512"):
         text.check_max_length(600, config)
+
+
+def test_position_limits_of_real_configs():
+    from transformers import AutoConfig, DebertaV2Config
+
+    assert text.position_limit(AutoConfig.for_model("bert")) == 512
+    roberta = AutoConfig.for_model("roberta", max_position_embeddings=514)
+    assert text.position_limit(roberta) == 512  # 514 less the offset of pad_token_id + 1
+    assert text.position_limit(AutoConfig.for_model("mpnet", max_position_embeddings=514)) == 512
+    assert text.position_limit(AutoConfig.for_model("gpt2")) == 1024
+    small = AutoConfig.for_model("distilbert", max_position_embeddings=64)
+    with pytest.raises(ValueError, match="limit of 64 positions"):
+        text.check_max_length(128, small)
+    assert text.position_limit(DebertaV2Config(position_biased_input=False)) is None
+
+
+def test_a_tokenizer_is_not_taken_for_a_config(fixtures_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+    with pytest.raises(TypeError, match="needs a model config, got DistilBertTokenizerFast"):
+        text.check_max_length(128, tokenizer)
 
 
 def test_load_errors_name_the_split_and_column(fixtures_dir):

@@ -374,3 +374,38 @@ def test_preflight_names_an_unbatched_dataset():
         xla.preflight(tiny_model(), unbatched, Replicas(8))
     report = xla.preflight(tiny_model(), unbatched, Replicas(8), raise_on_failure=False)
     assert not report.ok and report["batched"].status == "FAIL"
+
+
+def test_preflight_fails_widths_beyond_the_models_positions(fixtures_dir):
+    from datasets import load_dataset
+    from transformers import AutoTokenizer, DistilBertConfig, TFAutoModelForSequenceClassification
+
+    from tpu_helpers import text
+
+    tokenizer = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+    split = text.tokenize(load_dataset(str(fixtures_dir / "cola"))["validation"], tokenizer, 128)
+    ds = text.make_text_dataset(split, 16, [16, 64], shuffle=False)
+    short = TFAutoModelForSequenceClassification.from_config(
+        DistilBertConfig(
+            vocab_size=tokenizer.vocab_size,
+            dim=32,
+            hidden_dim=64,
+            n_layers=1,
+            n_heads=2,
+            max_position_embeddings=32,
+        )
+    )
+    report = xla.preflight(
+        short, ds, Replicas(2), batches=60, compile_step=False, raise_on_failure=False
+    )
+    assert report["positions"].status == "FAIL"
+    assert "widest batch 64 tokens, the distilbert model embeds 32" in report["positions"].detail
+    long = xla.preflight(
+        short,
+        text.make_text_dataset(split, 16, [16, 32]),
+        Replicas(2),
+        batches=60,
+        compile_step=False,
+        raise_on_failure=False,
+    )
+    assert long["positions"].status == "PASS"

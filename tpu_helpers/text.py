@@ -69,15 +69,64 @@ def load_text_dataset(
     return data
 
 
+#: Model types whose position ids start after the padding id (RoBERTa's scheme): of
+#: ``max_position_embeddings`` positions, ``pad_token_id + 1`` are never used by tokens.
+OFFSET_POSITIONS = {
+    "camembert",
+    "data2vec-text",
+    "esm",
+    "longformer",
+    "mpnet",
+    "roberta",
+    "roberta-prelayernorm",
+    "xlm-roberta",
+    "xlm-roberta-xl",
+}
+
+
+def position_limit(model_config) -> int | None:
+    """How many token positions a model can embed: ``max_position_embeddings`` (or
+    ``n_positions``), less RoBERTa-style offsets; ``None`` for models without absolute
+    positions (DeBERTa-v2 with ``position_biased_input=False``).
+
+    Needs a model config (``AutoConfig.from_pretrained(checkpoint)`` or ``model.config``):
+    anything else, a tokenizer for instance, raises ``TypeError`` instead of passing.
+
+    >>> from types import SimpleNamespace as Config
+    >>> position_limit(Config(model_type="roberta", max_position_embeddings=514, pad_token_id=1))
+    512
+    """
+    if not hasattr(model_config, "model_type"):
+        raise TypeError(
+            f"position_limit needs a model config, got {type(model_config).__name__}. Fix:"
+            " pass AutoConfig.from_pretrained(checkpoint) or model.config (a tokenizer's"
+            " model_max_length is a default for truncation, not the model's limit)."
+        )
+    if getattr(model_config, "position_biased_input", True) is False:
+        return None  # relative positions only
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        limit = getattr(model_config, name, None)
+        if isinstance(limit, int) and limit > 0:
+            if model_config.model_type in OFFSET_POSITIONS:
+                limit -= (getattr(model_config, "pad_token_id", None) or 0) + 1
+            return limit
+    raise TypeError(
+        f"The {model_config.model_type!r} config names no position limit"
+        " (max_position_embeddings, n_positions). Fix: check max_length against the model"
+        " card yourself and pass it to text.tokenize."
+    )
+
+
 def check_max_length(max_length: int, model_config) -> int:
-    """Refuse a ``max_length`` the model's position embeddings cannot hold."""
-    limit = getattr(model_config, "max_position_embeddings", None)
-    if not isinstance(max_length, int) or max_length < 1:
+    """Refuse a ``max_length`` the model's position embeddings cannot hold (see
+    ``position_limit``; a tokenizer instead of a config raises ``TypeError``)."""
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"max_length={max_length!r} must be a positive integer.")
+    limit = position_limit(model_config)
     if limit is not None and max_length > limit:
         raise ValueError(
-            f"max_length={max_length} exceeds the model's limit of {limit} positions"
-            f" (max_position_embeddings). Fix: max_length <= {limit}."
+            f"max_length={max_length} exceeds the {model_config.model_type} model's limit of"
+            f" {limit} positions. Fix: max_length <= {limit}."
         )
     return max_length
 

@@ -484,6 +484,37 @@ def _compile_checks(model, batches, train_step) -> list[Check]:
     return checks
 
 
+def _position_checks(model, batches) -> list[Check]:
+    """Widths beyond the model's positions: out-of-range lookups fail on CPU but are
+    clamped under XLA, which gives wrong results without an error on a TPU."""
+    from tpu_helpers.text import position_limit
+
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "model_type"):
+        return []
+    try:
+        limit = position_limit(config)
+    except TypeError:
+        return []
+    widths = [
+        int(f["input_ids"].shape[1])
+        for f in (_split(b)[0] for b in batches)
+        if isinstance(f, dict) and "input_ids" in f and f["input_ids"].shape.rank == 2
+    ]
+    if limit is None or not widths:
+        return []
+    widest = max(widths)
+    return [
+        Check(
+            "positions",
+            FAIL if widest > limit else PASS,
+            f"widest batch {widest} tokens, the {config.model_type} model embeds {limit}",
+            f"max_length <= {limit} when tokenizing (text.check_max_length), and widths"
+            f" <= {limit} (text.choose_boundaries(..., max_length={limit}))",
+        )
+    ]
+
+
 def _shapes_of(element) -> tuple:
     import tensorflow as tf
 
@@ -603,6 +634,7 @@ def preflight(
             " 'buckets')) instead of padding each batch to its longest row",
         )
     )
+    checks.extend(_position_checks(model, taken))
     if report.padding_fraction is not None:
         checks.append(
             Check(
