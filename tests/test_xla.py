@@ -409,3 +409,19 @@ def test_preflight_fails_widths_beyond_the_models_positions(fixtures_dir):
         raise_on_failure=False,
     )
     assert long["positions"].status == "PASS"
+
+
+def test_an_unknown_compile_error_shows_the_line_that_names_the_cause():
+    error = ValueError(
+        "Traceback (most recent call last):\n"
+        '  File "model.py", line 12, in call\n'
+        "Input 1 to node `range` with op Range must be a Tensor of known rank: Unsupported"
+        " dynamic range in {{node deberta/attention/range}}\n"
+        "  [[StatefulPartitionedCall]]\n"
+        "Encountered when executing an operation using EagerExecutor. This error cancels"
+        " all future operations and poisons their output tensors."
+    )
+    rule, op, fix = xla.translate_xla_error(error)
+    assert rule.startswith("XLA could not compile the step")
+    assert op == "Range"
+    assert fix.startswith("Input 1 to node `range` with op Range") and "Unsupported" in fix

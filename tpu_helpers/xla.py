@@ -320,7 +320,11 @@ def translate_xla_error(error: BaseException) -> tuple[str, str, str]:
     import re
 
     text = str(error)
-    op = re.search(r"on XLA_\w+: (\w+)", text) or re.search(r"op (\w+) must be", text)
+    op = (
+        re.search(r"on XLA_\w+: (\w+)", text)
+        or re.search(r"op (\w+) must be", text)
+        or re.search(r"\{\{node ([^}]+)\}\}", text)
+    )
     op_name = op.group(1) if op else ""
     for needle, rule, fix in _TRANSLATIONS:
         if needle in text:
@@ -328,8 +332,23 @@ def translate_xla_error(error: BaseException) -> tuple[str, str, str]:
     return (
         f"XLA could not compile the step ({type(error).__name__})",
         op_name,
-        _last_line(text) or "see the error above",
+        helpful_line(text) or "see the error above",
     )
+
+
+_NOISE = ("Traceback", 'File "', "in user code", "Stack trace", "Call stack", "===", "[[")
+_CAUSE = ("rror", "support", "must ", "annot", "nable", "nvalid", "not ", "ailed")
+
+
+def helpful_line(text: str) -> str:
+    """The line of a compiler error that names the cause: the first one that says what
+    went wrong (not the traceback, not the generic last line TensorFlow appends)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(_NOISE)]
+    for line in lines:
+        if any(word in line for word in _CAUSE):
+            return line[:300]
+    return lines[0][:300] if lines else ""
 
 
 def _last_line(text: str) -> str:
