@@ -1,3 +1,4 @@
+import logging
 import sys
 
 import pytest
@@ -190,3 +191,36 @@ def test_pip_argv_refuses_other_commands():
 def test_install_on_a_good_machine_says_so(capsys):
     assert install(facts("local", "cpu", **GOOD), run=None) == []
     assert "nothing to install" in capsys.readouterr().out
+
+
+def _record(message, level=logging.WARNING):
+    return logging.LogRecord("tensorflow", level, "x.py", 1, message, None, None)
+
+
+def test_known_noise_is_filtered_and_real_warnings_are_not():
+    noise = _env.KnownNoise()
+    pooler = (
+        "Gradients do not exist for variables ['tf_mpnet_for_sequence_classification/mpnet/"
+        "pooler/dense/kernel:0', 'tf_mpnet_for_sequence_classification/mpnet/pooler/dense/"
+        "bias:0'] when minimizing the loss."
+    )
+    assert not noise.filter(_record(pooler))
+    real = "Gradients do not exist for variables ['model/classifier/kernel:0'] when minimizing"
+    assert noise.filter(_record(real))
+    mixed = pooler.replace(
+        "'tf_mpnet_for_sequence_classification/mpnet/pooler/dense/bias:0'",
+        "'model/classifier/bias:0'",
+    )
+    assert noise.filter(_record(mixed))
+    collective = "Collective all_reduce tensors: 1 all_reduces, num_devices = 2"
+    assert not noise.filter(_record(collective, logging.INFO))
+    assert noise.filter(_record("Collective ops failed", logging.ERROR))
+
+
+def test_quiet_keeps_a_log_level_the_user_chose():
+    env = {"TF_CPP_MIN_LOG_LEVEL": "0"}
+    _env.quiet_known_noise(env)
+    assert env["TF_CPP_MIN_LOG_LEVEL"] == "0"
+    fresh = {}
+    _env.quiet_known_noise(fresh)
+    assert fresh["TF_CPP_MIN_LOG_LEVEL"] == "1"

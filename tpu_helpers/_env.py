@@ -5,6 +5,7 @@ Imported first by ``tpu_helpers/__init__.py``. Kept tiny and free of heavy impor
 
 from __future__ import annotations
 
+import logging
 import os
 from importlib import metadata
 
@@ -72,6 +73,8 @@ def prepare_environment(environ: dict | None = None) -> list[str]:
     """
     env = os.environ if environ is None else environ
     changed = []
+    if environ is None:
+        quiet_known_noise()
     if "TF_USE_LEGACY_KERAS" not in env:
         env["TF_USE_LEGACY_KERAS"] = "1"
         changed.append("TF_USE_LEGACY_KERAS")
@@ -90,3 +93,32 @@ def prepare_environment(environ: dict | None = None) -> list[str]:
 def _on_tpu_host() -> bool:
     """A TPU chip is attached (TPU VM device files), so cloud metadata is there to read."""
     return os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
+
+
+class KnownNoise(logging.Filter):
+    """Drops TensorFlow log lines that say nothing a learner can act on:
+
+    * "Gradients do not exist for variables [...pooler...]": models such as MPNet and BERT
+      build a pooler that sequence classification does not use, so it gets no gradient.
+      The warning stays when any other variable is named (that one is a real problem).
+    * "Collective all_reduce ...": INFO lines that a multi-replica strategy logs per trace.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Gradients do not exist for variables"):
+            listed = message.split("[", 1)[-1].split("]", 1)[0]
+            names = [n.strip(" '\"") for n in listed.split(",") if n.strip()]
+            return not names or not all("pooler" in n for n in names)
+        return not (record.levelno < logging.WARNING and message.startswith("Collective "))
+
+
+def quiet_known_noise(environ: dict | None = None) -> None:
+    """Hide TensorFlow's C++ INFO lines (oneDNN, CPU features, CUDA probing on a CPU) unless
+    ``TF_CPP_MIN_LOG_LEVEL`` is set, keeping its warnings and errors, and filter the Python
+    log lines of ``KnownNoise``."""
+    env = os.environ if environ is None else environ
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    logger = logging.getLogger("tensorflow")
+    if not any(isinstance(f, KnownNoise) for f in logger.filters):
+        logger.addFilter(KnownNoise())
