@@ -266,3 +266,123 @@ def test_mixed_image_sizes_never_decode_blurry():
         )
     # the same check passes a file the scale suits
     images._size_checks(tf.io.read_file(paths[0]), tf.constant(paths[0]), 32, 32, 8, 10**8)
+
+
+# --- every image processor of transformers' TF image classifiers --------------------------
+def _processors():
+    from transformers import (
+        BeitImageProcessor,
+        ConvNextImageProcessor,
+        DeiTImageProcessor,
+        MobileViTImageProcessor,
+        SegformerImageProcessor,
+        ViTImageProcessor,
+    )
+    from transformers.models.deprecated.efficientformer.image_processing_efficientformer import (
+        EfficientFormerImageProcessor,
+    )
+
+    crop = {"height": 48, "width": 48}
+    return {  # the processors' own defaults, at sizes small enough for a unit test
+        "vit (swin, swiftformer)": ViTImageProcessor(size={"height": 48, "width": 40}),
+        "deit": DeiTImageProcessor(size={"height": 64, "width": 64}, crop_size=crop),
+        "beit (data2vec-vision)": BeitImageProcessor(
+            size={"height": 60, "width": 56}, crop_size=crop
+        ),
+        "convnext (resnet, regnet, cvt)": ConvNextImageProcessor(
+            size={"shortest_edge": 48}, crop_pct=0.875, resample=3
+        ),
+        "convnext >= 384: warped": ConvNextImageProcessor(size={"shortest_edge": 384}),
+        "efficientformer": EfficientFormerImageProcessor(
+            size={"shortest_edge": 56}, crop_size=crop
+        ),
+        "mobilevit (BGR, no normalize)": MobileViTImageProcessor(
+            size={"shortest_edge": 56}, crop_size=crop
+        ),
+        "segformer": SegformerImageProcessor(size={"height": 48, "width": 48}),
+    }
+
+
+def _pictures():
+    rng = np.random.default_rng(7)  # landscape, portrait, square
+    return [leaf_image(rng, 0, 200)[:150], leaf_image(rng, 1, 200)[:, :130], leaf_image(rng, 2, 90)]
+
+
+def _as_pixels(pixel_values, spec):
+    """A processor's output back in 0-255 pixel units (so that std does not scale errors)."""
+    x = np.transpose(pixel_values, (1, 2, 0)).astype(np.float64)
+    if spec.do_normalize:
+        x = x * np.array(spec.std) + np.array(spec.mean)
+    return x / spec.rescale_factor
+
+
+def _reference(processor, data):
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    return processor(images=image, return_tensors="np")["pixel_values"][0]
+
+
+@pytest.mark.parametrize("name", list(_processors()))
+def test_pixels_match_each_processor_on_every_aspect_ratio(name):
+    import dataclasses
+
+    processor = _processors()[name]
+    spec = images.ImageSpec.from_processor(processor)
+    wrong_filter = dataclasses.replace(
+        spec, resample="bilinear" if spec.resample == "bicubic" else "bicubic"
+    )
+    skipped_crop = dataclasses.replace(spec, crop=False, resize=None, shortest_edge=None)
+    for picture in _pictures():
+        png = _bytes(picture, "PNG")
+        expected = _as_pixels(_reference(processor, png), spec)
+        ours = images.decode_image(tf.constant(png), spec).numpy()
+        assert ours.shape == expected.shape
+        error = np.abs(ours - expected).mean()
+        assert error < 0.4, (name, picture.shape, error)  # pixel units, 0-255
+        # the tolerance is one that a wrong filter or a skipped crop breaks
+        assert (
+            np.abs(images.decode_image(tf.constant(png), wrong_filter).numpy() - expected).mean()
+            > 0.6
+        )
+        if spec.crop:
+            got = images.decode_image(tf.constant(png), skipped_crop).numpy()
+            assert np.abs(got - expected).mean() > 5
+
+
+@pytest.mark.parametrize(
+    "name", ["deit", "convnext (resnet, regnet, cvt)", "mobilevit (BGR, no normalize)"]
+)
+def test_the_pipeline_matches_the_processor_for_jpegs_and_pngs(name):
+    processor = _processors()[name]
+    spec = images.ImageSpec.from_processor(processor)
+    tf.io.gfile.makedirs("ram://images-processors")
+    for fmt, tolerance in (("PNG", 0.4), ("JPEG", 3.0)):  # JPEG: decoded at a reduced scale
+        paths, expected = [], []
+        for i, picture in enumerate(_pictures()):
+            data = _bytes(picture, fmt)
+            path = f"ram://images-processors/{name[:4]}{i}.{fmt.lower()}"
+            with tf.io.gfile.GFile(path, "wb") as f:
+                f.write(data)
+            paths.append(path)
+            expected.append(_as_pixels(_reference(processor, data), spec))
+        features, _, _ = next(iter(images.image_dataset(paths, [0, 1, 2], spec, 3)))
+        got = [_as_pixels(x, spec) for x in features["pixel_values"].numpy()]
+        for path, a, b in zip(paths, got, expected, strict=True):
+            assert np.abs(a - b).mean() < tolerance, path
+
+
+def test_processor_steps_the_pipeline_cannot_do_are_named():
+    from transformers import CLIPImageProcessor, ViTImageProcessor
+
+    padded = ViTImageProcessor(size={"height": 32, "width": 32})
+    padded.do_pad = True
+    with pytest.raises(ValueError, match="applies \\['do_pad'\\], which the tf.data pipeline"):
+        images.ImageSpec.from_processor(padded)
+    hamming = ViTImageProcessor(size={"height": 32, "width": 32}, resample=5)
+    with pytest.raises(ValueError, match="HAMMING filter"):
+        images.ImageSpec.from_processor(hamming)
+    uncropped = CLIPImageProcessor(size={"shortest_edge": 32}, do_center_crop=False)
+    with pytest.raises(ValueError, match="keeps the aspect ratio without cropping"):
+        images.ImageSpec.from_processor(uncropped)
+    unresized = ViTImageProcessor(do_resize=False)
+    with pytest.raises(ValueError, match="do_resize=False"):
+        images.ImageSpec.from_processor(unresized)

@@ -28,9 +28,38 @@ _OTHER = (b"GIF87a", b"GIF89a", b"BM")
 
 
 # --- settings from the processor --------------------------------------------------------
+#: PIL resampling filters (``PILImageResampling`` values) and the ``tf.image.resize``
+#: method that computes the same kernel (both antialias when shrinking).
+_RESAMPLE = {0: "nearest", 1: "lanczos3", 2: "bilinear", 3: "bicubic", 4: "area"}
+_RESAMPLE_NAMES = {0: "NEAREST", 1: "LANCZOS", 2: "BILINEAR", 3: "BICUBIC", 4: "BOX", 5: "HAMMING"}
+#: Processor steps the pipeline reproduces (``do_reduce_labels`` concerns segmentation
+#: maps, never class labels; ``do_convert_rgb``: images are decoded to RGB anyway).
+_STEPS = {
+    "do_resize",
+    "do_center_crop",
+    "do_rescale",
+    "do_normalize",
+    "do_flip_channel_order",
+    "do_convert_rgb",
+    "do_reduce_labels",
+}
+
+
 @dataclass(frozen=True)
 class ImageSpec:
-    """What a Hugging Face image processor does, as numbers ``tf.data`` can use."""
+    """What a Hugging Face image processor does, as numbers ``tf.data`` can use.
+
+    Attributes:
+        height, width: the size of ``pixel_values`` (after any crop).
+        mean, std, rescale_factor, do_normalize: ``pixels * rescale_factor``, then
+            ``(x - mean) / std`` per channel when ``do_normalize``.
+        resize: ``(height, width)`` to resize to first, ``None``: ``(height, width)``.
+        shortest_edge: instead of ``resize``, resize keeping the aspect ratio so that the
+            shorter side has this length (the longer one ``int(edge * long / short)``).
+        crop: center-crop the resized image to ``(height, width)``.
+        resample: ``tf.image.resize`` method matching the processor's PIL filter.
+        flip_channels: RGB to BGR (MobileViT's processor).
+    """
 
     height: int
     width: int
@@ -38,27 +67,103 @@ class ImageSpec:
     std: tuple
     rescale_factor: float = 1 / 255
     do_normalize: bool = True
+    resize: tuple | None = None
+    shortest_edge: int | None = None
+    crop: bool = False
+    resample: str = "bilinear"
+    flip_channels: bool = False
+
+    @property
+    def decode_size(self) -> tuple[int, int]:
+        """The smallest ``(height, width)`` a decoded image must cover before resizing."""
+        if self.shortest_edge:
+            return self.shortest_edge, self.shortest_edge
+        return self.resize or (self.height, self.width)
 
     @classmethod
     def from_processor(cls, processor) -> ImageSpec:
-        size = processor.size
-        if "height" in size:
-            height, width = size["height"], size["width"]
-        elif "shortest_edge" in size:  # square output: the center crop, else the edge
-            crop = getattr(processor, "crop_size", None) or {}
-            if getattr(processor, "do_center_crop", False) and "height" in crop:
-                height, width = crop["height"], crop.get("width", crop["height"])
-            else:
-                height = width = size["shortest_edge"]
+        """The spec of ``processor`` (any image processor of transformers' TF image
+        classifiers: ViT, DeiT, BEiT/Data2Vec, ConvNeXt (also ResNet, RegNet, CvT), Swin,
+        EfficientFormer, MobileViT, Segformer). A step it cannot reproduce raises
+        ``ValueError`` naming the step; nothing is left out silently."""
+        name = type(processor).__name__
+        on = sorted(k for k, v in vars(processor).items() if k.startswith("do_") and v is True)
+        unknown = [k for k in on if k not in _STEPS]
+        if unknown:
+            raise ValueError(
+                f"{name} applies {unknown}, which the tf.data pipeline does not reproduce."
+                " Fix: turn it off on the processor if the model does not need it, or"
+                " preprocess with the processor itself (slower)."
+            )
+        code = getattr(processor, "resample", 2)
+        code = int(getattr(code, "value", code))
+        if code not in _RESAMPLE:
+            raise ValueError(
+                f"{name} resizes with PIL's {_RESAMPLE_NAMES.get(code, code)} filter, which"
+                " tf.image.resize does not have. Fix: set processor.resample to BILINEAR or"
+                " BICUBIC, or preprocess with the processor itself."
+            )
+        size = dict(processor.size or {})
+        crop = dict(getattr(processor, "crop_size", None) or {})
+        do_crop = bool(getattr(processor, "do_center_crop", False))
+        resize = shortest = None
+        if not getattr(processor, "do_resize", True):
+            raise ValueError(
+                f"{name} does not resize (do_resize=False): images keep their own sizes,"
+                " which a TPU batch cannot hold. Fix: processor.do_resize = True."
+            )
+        if name.startswith("ConvNext") and "shortest_edge" in size:
+            edge = int(size["shortest_edge"])
+            if edge < 384:  # shorter side to edge / crop_pct, then the center edge x edge
+                shortest = int(edge / float(processor.crop_pct))
+                height = width = edge
+                do_crop, crop = True, {"height": edge, "width": edge}
+            else:  # warped to a square, no crop
+                height = width = edge
+        elif "height" in size and "width" in size:
+            resize = (int(size["height"]), int(size["width"]))
+            height, width = resize
+        elif set(size) == {"shortest_edge"}:
+            shortest = int(size["shortest_edge"])
+            height = width = shortest
+            if not do_crop:
+                raise ValueError(
+                    f"{name} resizes the shorter side to {shortest} and keeps the aspect ratio"
+                    " without cropping: images of different shapes cannot share a batch."
+                    " Fix: processor.do_center_crop = True with a crop_size, or a size with"
+                    " height and width."
+                )
         else:
-            raise ValueError(f"Unsupported processor size {size!r}: expected height/width.")
+            raise ValueError(
+                f"{name} has size {size}, which the pipeline does not reproduce (it takes"
+                " height/width or shortest_edge)."
+            )
+        if do_crop:
+            if "height" not in crop:
+                raise ValueError(f"{name} center-crops but has no crop_size height/width.")
+            height, width = int(crop["height"]), int(crop.get("width", crop["height"]))
+            before = (shortest, shortest) if shortest else resize or (height, width)
+            if before[0] < height or before[1] < width:
+                raise ValueError(
+                    f"{name} crops {height}x{width} out of a {before[0]}x{before[1]} resize,"
+                    " which pads with zeros; the pipeline does not. Fix: a crop_size no"
+                    " larger than the resize size."
+                )
+        do_rescale = getattr(processor, "do_rescale", True)
+        mean = getattr(processor, "image_mean", None) or (0.0, 0.0, 0.0)
+        std = getattr(processor, "image_std", None) or (1.0, 1.0, 1.0)
         return cls(
-            int(height),
-            int(width),
-            tuple(float(m) for m in processor.image_mean),
-            tuple(float(s) for s in processor.image_std),
-            float(processor.rescale_factor if getattr(processor, "do_rescale", True) else 1.0),
-            bool(getattr(processor, "do_normalize", True)),
+            height=int(height),
+            width=int(width),
+            mean=tuple(float(m) for m in mean),
+            std=tuple(float(v) for v in std),
+            rescale_factor=float(processor.rescale_factor if do_rescale else 1.0),
+            do_normalize=bool(getattr(processor, "do_normalize", False)),
+            resize=None if resize == (height, width) and not do_crop else resize,
+            shortest_edge=shortest,
+            crop=do_crop,
+            resample=_RESAMPLE[code],
+            flip_channels=bool(getattr(processor, "do_flip_channel_order", False)),
         )
 
 
@@ -210,27 +315,59 @@ def _valid(data, jpeg_only: bool = False):
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif")
 
 
+def _sampled_jpeg_sizes(paths: Sequence[str], sample: int) -> list[tuple[int, int]]:
+    """``(height, width)`` from the headers of ``sample`` JPEGs spread over ``paths``."""
+    import tensorflow as tf
+
+    paths = list(paths)
+    picks = np.unique(np.linspace(0, len(paths) - 1, min(sample, len(paths))).astype(int))
+    sizes = []
+    for path in (paths[i] for i in picks):
+        try:
+            h, w, _ = tf.io.extract_jpeg_shape(tf.io.read_file(path)).numpy()
+        except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):
+            continue  # the pipeline reports this file by name
+        sizes.append((int(h), int(w)))
+    return sizes
+
+
+def _all_jpeg(paths: Sequence[str]) -> bool:
+    return bool(paths) and all(str(p).lower().endswith(JPEG_SUFFIXES) for p in paths)
+
+
 def jpeg_scale(paths: Sequence[str], height: int, width: int, sample: int = 32) -> int:
     """The JPEG decoding scale (1, 2, 4 or 8) for these files: the largest at which every
     one of ``sample`` images spread over the list still covers ``height x width``; 0 when
     not every path is a JPEG (then ``decode_image`` decodes each file in full). An image
     the sample missed that the scale would shrink below the target stops the pipeline
     with its name (see ``image_dataset``)."""
-    import tensorflow as tf
-
-    if not paths or not all(str(p).lower().endswith(JPEG_SUFFIXES) for p in paths):
+    if not _all_jpeg(paths):
         return 0
+    return _scale_for(_sampled_jpeg_sizes(paths, sample), height, width)
+
+
+def _scale_for(sizes, height: int, width: int) -> int:
     scale = 8
-    paths = list(paths)
-    picks = np.unique(np.linspace(0, len(paths) - 1, min(sample, len(paths))).astype(int))
-    for path in (paths[i] for i in picks):
-        try:
-            h, w, _ = tf.io.extract_jpeg_shape(tf.io.read_file(path)).numpy()
-        except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):
-            continue  # the pipeline reports this file by name
+    for h, w in sizes:
         while scale > 1 and (h // scale < height or w // scale < width):
             scale //= 2
     return scale
+
+
+#: Past this shrink factor after a reduced JPEG decode, the resize antialiases (as PIL
+#: does); below it, a plain resize is within about 1 % of PIL and much faster.
+ANTIALIAS_ABOVE = 1.5
+
+
+def _jpeg_plan(paths, height: int, width: int, sample: int = 32) -> tuple[int, bool]:
+    """``(scale, antialias)`` for a data set: the reduced decode scale, and whether the
+    resize after it still shrinks enough (for the sampled sizes) to need antialiasing."""
+    if not _all_jpeg(paths):
+        return 0, True
+    sizes = _sampled_jpeg_sizes(paths, sample)
+    scale = _scale_for(sizes, height, width)
+    shrink = max((max(h // scale / height, w // scale / width) for h, w in sizes), default=1.0)
+    return scale, shrink > ANTIALIAS_ABOVE
 
 
 def _header_size(data, jpeg_only: bool):
@@ -293,16 +430,20 @@ def _size_checks(data, path, height: int, width: int, scale: int, max_pixels: in
     return checks
 
 
-def decode_image(data, height: int, width: int, scale: int = 0, seed=None):
-    """Decode image bytes to an RGB uint8 image of ``height x width``.
+def decode_image(data, spec: ImageSpec, scale: int = 0, seed=None, antialias: bool | None = None):
+    """Decode image bytes to the RGB uint8 image of ``spec.height x spec.width`` that the
+    processor ``spec`` came from would make.
 
     ``scale`` 1, 2, 4 or 8 (from ``jpeg_scale``): the bytes are a JPEG, decoded at that
     fraction of its size (libjpeg's DCT scaling: less work, and it filters out what a
-    plain resize would alias), then resized bilinearly. ``scale=0``: any of JPEG, PNG,
-    GIF, BMP, decoded in full and resized with antialiasing. Either way the result is
-    rounded to uint8, as the Hugging Face processors do with PIL: within about 1 % of
-    their pixels. With a stateless ``seed`` pair the decoded image is first randomly
-    cropped and flipped (``crop_and_flip``), so augmenting costs no second resize.
+    plain resize would alias), then resized without antialiasing unless ``antialias``
+    (``_jpeg_plan`` asks for it when the resize still shrinks by more than
+    ``ANTIALIAS_ABOVE``). ``scale=0``: any of
+    JPEG, PNG, GIF, BMP, decoded in full and resized with antialiasing, as PIL does. Then,
+    as the processor: the resize rule (to a size, or the shorter side to an edge keeping
+    the aspect ratio), its filter, the center crop, the channel order; the result rounded
+    to uint8 as PIL's is. With a stateless ``seed`` pair the decoded image is first
+    randomly cropped and flipped (``crop_and_flip``), so augmenting costs no second resize.
     """
     import tensorflow as tf
 
@@ -312,17 +453,45 @@ def decode_image(data, height: int, width: int, scale: int = 0, seed=None):
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
     if seed is not None:
         image = crop_and_flip(image, seed)
-    return _to_uint8(tf.image.resize(image, [height, width], antialias=not scale))
+    return resize_like_processor(
+        image, spec, antialias=not scale if antialias is None else antialias
+    )
 
 
-def load_image(path: str, height: int | None = None, width: int | None = None):
-    """One image file as a uint8 array (for showing samples), resized if sizes are given."""
+def resize_like_processor(image, spec: ImageSpec, antialias: bool = True):
+    """A decoded uint8 image ``[h, w, 3]`` resized, cropped and channel-ordered as the
+    processor of ``spec`` does it; uint8 ``[spec.height, spec.width, 3]``."""
+    import tensorflow as tf
+
+    if spec.shortest_edge:
+        # transformers' get_resize_output_image_size: the shorter side becomes the edge,
+        # the longer one int(edge * long / short) (truncated)
+        hw = tf.cast(tf.shape(image)[:2], tf.float64)
+        short, long = tf.reduce_min(hw), tf.reduce_max(hw)
+        edge = tf.constant(spec.shortest_edge, tf.float64)
+        other = tf.floor(edge * long / short)
+        size = tf.cast(tf.where(hw[0] <= hw[1], [edge, other], [other, edge]), tf.int32)
+    else:
+        size = spec.resize or (spec.height, spec.width)
+    resized = tf.image.resize(image, size, method=spec.resample, antialias=antialias)
+    resized = tf.cast(tf.clip_by_value(resized + 0.5, 0.0, 255.0), tf.uint8)
+    if spec.crop:  # transformers' center_crop: top = (h - crop_h) // 2, likewise left
+        shape = tf.shape(resized)
+        top, left = (shape[0] - spec.height) // 2, (shape[1] - spec.width) // 2
+        resized = resized[top : top + spec.height, left : left + spec.width]
+    if spec.flip_channels:
+        resized = resized[..., ::-1]
+    return tf.ensure_shape(resized, [spec.height, spec.width, 3])
+
+
+def load_image(path: str, spec: ImageSpec | None = None):
+    """One image file as a uint8 array (for showing samples), as ``spec`` sizes it."""
     import tensorflow as tf
 
     data = tf.io.read_file(path)
-    if height is None:
+    if spec is None:
         return tf.io.decode_image(data, channels=3, expand_animations=False).numpy()
-    return decode_image(data, height, width).numpy()
+    return decode_image(data, spec).numpy()
 
 
 def _to_uint8(image):
@@ -462,7 +631,7 @@ def image_dataset(
         labels = np.concatenate([labels, labels[:fill]])
         weights = np.concatenate([weights, np.zeros(fill, np.float32)])
     steps = len(paths) // batch_size
-    scale = jpeg_scale(paths, spec.height, spec.width) if reduced_decode else 0
+    scale, antialias = _jpeg_plan(paths, *spec.decode_size) if reduced_decode else (0, True)
 
     def load(path, label, weight, seed=None):
         data = tf.io.read_file(path)
@@ -475,9 +644,9 @@ def image_dataset(
             ],
         )
         with tf.control_dependencies([check]):
-            sized = _size_checks(data, path, spec.height, spec.width, scale, max_pixels)
+            sized = _size_checks(data, path, *spec.decode_size, scale, max_pixels)
         with tf.control_dependencies(sized):
-            image = decode_image(data, spec.height, spec.width, scale, seed)
+            image = decode_image(data, spec, scale, seed, antialias)
         return image, label, weight
 
     ds = tf.data.Dataset.from_tensor_slices((paths, labels, weights))
@@ -553,9 +722,9 @@ def image_records_dataset(
         ex = tf.io.parse_single_example(record, features)
         where = tf.constant(f"an image record of {source}")
         with tf.control_dependencies(
-            _size_checks(ex["image"], where, spec.height, spec.width, 0, max_pixels)
+            _size_checks(ex["image"], where, *spec.decode_size, 0, max_pixels)
         ):
-            image = decode_image(ex["image"], spec.height, spec.width, seed=seed)
+            image = decode_image(ex["image"], spec, seed=seed)
         return image, tf.cast(ex["label"], tf.int32)
 
     if training:  # crop and flip before the one resize
