@@ -113,12 +113,12 @@ class KnownNoise(logging.Filter):
         return not (record.levelno < logging.WARNING and message.startswith("Collective "))
 
 
-def quiet_known_noise(environ: dict | None = None) -> None:
-    """Hide TensorFlow's C++ INFO lines (oneDNN, CPU features, CUDA probing on a CPU) unless
-    ``TF_CPP_MIN_LOG_LEVEL`` is set, keeping its warnings and errors, and filter the Python
-    log lines of ``KnownNoise``."""
-    env = os.environ if environ is None else environ
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+def quiet_known_noise() -> None:
+    """Filter the Python log lines of ``KnownNoise`` from TensorFlow's logger (once).
+
+    TensorFlow's C++ start-up lines (oneDNN, CUDA probing on a CPU) are printed before
+    ``TF_CPP_MIN_LOG_LEVEL`` takes effect in TensorFlow 2.21 and cannot be silenced here.
+    """
     logger = logging.getLogger("tensorflow")
     if not any(isinstance(f, KnownNoise) for f in logger.filters):
         logger.addFilter(KnownNoise())
