@@ -93,12 +93,28 @@ def dry_run(requirements: list[str], python: str, no_deps: bool) -> subprocess.C
     )
 
 
+@pytest.fixture(scope="module")
+def resolved():
+    """Every dry run of every plan, run side by side (each mostly waits on the index)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = {
+        (name, i): (reqs, python, no_deps)
+        for name, python, facts in RUNTIMES
+        for i, (reqs, no_deps) in enumerate(resolutions(install_commands(facts)))
+    }
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {key: pool.submit(dry_run, *job) for key, job in jobs.items()}
+        return {key: (jobs[key][0], future.result()) for key, future in futures.items()}
+
+
 @pytest.mark.parametrize("name, python, facts", RUNTIMES, ids=[r[0] for r in RUNTIMES])
-def test_plan_resolves_on_the_package_index(name, python, facts):
+def test_plan_resolves_on_the_package_index(name, python, facts, resolved):
     plan = install_commands(facts)
     assert plan, f"{name}: expected something to install"
-    for requirements, no_deps in resolutions(plan):
-        result = dry_run(requirements, python, no_deps)
+    runs = [value for (runtime, _), value in sorted(resolved.items()) if runtime == name]
+    assert len(runs) == len(resolutions(plan))
+    for requirements, result in runs:
         output = result.stdout + result.stderr
         if result.returncode != 0 and UNREACHABLE.search(output):
             pytest.skip(f"the package index cannot be reached from here: {output[-300:]}")
