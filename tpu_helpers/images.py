@@ -401,13 +401,16 @@ def _size_checks(data, path, height: int, width: int, scale: int, max_pixels: in
     import tensorflow as tf
 
     size = _header_size(data, jpeg_only=scale > 0)
+    # int32 and strings only in the messages: then tf.debugging.Assert is one op, without
+    # the tf.cond (a function call per image) it builds around other dtypes
+    shown = tf.cast(tf.minimum(size, 2**31 - 1), tf.int32)
     checks = [
         tf.debugging.Assert(
             size[0] * size[1] <= max_pixels,
             [
                 path,
                 "claims height, width",
-                size,
+                shown,
                 f"over {max_pixels:,} pixels. Fix: remove or shrink the file, or on_error='skip'.",
             ],
         )
@@ -419,7 +422,7 @@ def _size_checks(data, path, height: int, width: int, scale: int, max_pixels: in
                 [
                     path,
                     "is (height, width)",
-                    size,
+                    shown,
                     f": decoded at 1/{scale}, the scale chosen"
                     f" from a sample of the files, it would be smaller than {height}x{width} and"
                     " come out blurry. Fix: image_dataset(..., reduced_decode=False) for data"
@@ -473,8 +476,10 @@ def resize_like_processor(image, spec: ImageSpec, antialias: bool = True):
         size = tf.cast(tf.where(hw[0] <= hw[1], [edge, other], [other, edge]), tf.int32)
     else:
         size = spec.resize or (spec.height, spec.width)
-    resized = tf.image.resize(image, size, method=spec.resample, antialias=antialias)
-    resized = tf.cast(tf.clip_by_value(resized + 0.5, 0.0, 255.0), tf.uint8)
+    resized = tf.image.resize(image, size, method=spec.resample, antialias=antialias) + 0.5
+    if spec.resample in ("bicubic", "lanczos3"):  # these overshoot; bilinear stays in 0-255
+        resized = tf.clip_by_value(resized, 0.0, 255.0)
+    resized = tf.cast(resized, tf.uint8)
     if spec.crop:  # transformers' center_crop: top = (h - crop_h) // 2, likewise left
         shape = tf.shape(resized)
         top, left = (shape[0] - spec.height) // 2, (shape[1] - spec.width) // 2
