@@ -1,0 +1,107 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_helpers import mlm
+
+
+@pytest.fixture(scope="module")
+def tokenizer(fixtures_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+
+
+@pytest.fixture(scope="module")
+def corpus(fixtures_dir):
+    from datasets import load_dataset
+
+    sentences = load_dataset(str(fixtures_dir / "cola"))["train"]["sentence"][:2400]
+    from datasets import Dataset
+
+    texts = [" ".join(sentences[i : i + 4]) for i in range(0, len(sentences), 4)] + ["", "  "]
+    return Dataset.from_dict({"text": texts})
+
+
+def test_blocks_are_full_and_documents_separated(tokenizer, corpus):
+    blocks = mlm.pack_blocks(corpus, tokenizer, block_size=32, batch_size=50)
+    ids = np.asarray(blocks["input_ids"])
+    assert ids.shape[1] == 32 and len(ids) > 10
+    assert (ids[:, 0] == tokenizer.cls_token_id).all()
+    assert not (ids == tokenizer.pad_token_id).any()  # every position is a real token
+    documents = sum(1 for t in corpus["text"] if t.strip())
+    stream = sum(
+        len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1
+        for t in corpus["text"]
+        if t.strip()
+    )
+    kept = ids[:, 1:].size
+    # what is dropped is the tail of each map batch: under one block per batch of documents
+    assert stream - 31 * (-(-len(corpus) // 50)) <= kept <= stream
+    assert (ids == tokenizer.sep_token_id).sum() >= documents - 2 * (-(-len(corpus) // 50))
+
+
+def _batch(tokenizer, corpus, rows=64, width=128):
+    blocks = mlm.pack_blocks(corpus, tokenizer, block_size=width, batch_size=1000)
+    ids = np.asarray(blocks["input_ids"][:rows], np.int32)
+    assert ids.shape == (rows, width)
+    return ids
+
+
+def _rates(original, masked, chosen, tokenizer):
+    special = np.isin(original, tokenizer.all_special_ids)
+    chosen = chosen.astype(bool)
+    return {
+        "chosen of non-special": chosen[~special].mean(),
+        "special chosen": chosen[special].mean() if special.any() else 0.0,
+        "mask": (masked[chosen] == tokenizer.mask_token_id).mean(),
+        "kept": (masked[chosen] == original[chosen]).mean(),
+        "untouched outside": (masked[~chosen] == original[~chosen]).mean(),
+    }
+
+
+def test_masking_statistics_match_the_data_collator(tokenizer, corpus):
+    from transformers import DataCollatorForLanguageModeling
+
+    ids = _batch(tokenizer, corpus)
+    masked, labels, weights = mlm.mask_tokens(
+        ids, [3, 0], tokenizer.mask_token_id, len(tokenizer), tokenizer.all_special_ids
+    )
+    ours = _rates(ids, masked.numpy(), weights.numpy(), tokenizer)
+    np.testing.assert_array_equal(labels.numpy(), ids)
+
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, return_tensors="np")
+    np.random.seed(0)
+    out = collator([{"input_ids": row} for row in ids])
+    theirs = _rates(ids, out["input_ids"], out["labels"] != -100, tokenizer)
+    for name, expected, tolerance in [
+        ("chosen of non-special", 0.15, 0.02),  # 0.10 or 0.20 would be far outside
+        ("mask", 0.8, 0.05),
+        ("kept", 0.1 + 0.1 / len(tokenizer), 0.04),  # random ids that hit the original too
+    ]:
+        assert abs(ours[name] - expected) < tolerance, (name, ours)
+        assert abs(theirs[name] - expected) < tolerance, (name, theirs)
+    assert ours["special chosen"] == 0 and ours["untouched outside"] == 1.0
+
+
+def test_the_same_step_gets_the_same_mask_and_epochs_differ(tokenizer, corpus):
+    ids = _batch(tokenizer, corpus, rows=64, width=32)
+    run = list(mlm.masked_dataset(ids, 8, tokenizer, seed=5, epoch=0))
+    again = list(mlm.masked_dataset(ids, 8, tokenizer, seed=5, epoch=0))
+    # a run resumed at step 3 (skipping what was done) sees the masks of the uninterrupted one
+    resumed = list(mlm.masked_dataset(ids, 8, tokenizer, seed=5, epoch=0).skip(3))
+    next_epoch = list(mlm.masked_dataset(ids, 8, tokenizer, seed=5, epoch=1))
+    for a, b in zip(run, again, strict=True):
+        np.testing.assert_array_equal(a[0]["input_ids"], b[0]["input_ids"])
+    np.testing.assert_array_equal(resumed[0][2], run[3][2])
+    assert any((a[2].numpy() != b[2].numpy()).any() for a, b in zip(run, next_epoch, strict=True))
+    assert run[0][0]["input_ids"].shape == (8, 32) and run[0][2].dtype == tf.float32
+
+
+def test_a_tokenizer_without_a_mask_token_is_refused(tokenizer):
+    from transformers import AutoTokenizer
+
+    gpt2_like = AutoTokenizer.from_pretrained(str(tokenizer.name_or_path))
+    gpt2_like.mask_token = None
+    with pytest.raises(ValueError, match="has no mask token"):
+        mlm.masked_dataset(np.zeros((8, 16), np.int32), 4, gpt2_like)
