@@ -66,7 +66,7 @@ def test_build_writes_loadable_artifacts_and_is_idempotent(fixtures_dir, capsys)
     paths = build_fixtures(fixtures_dir)
     assert stamp.stat().st_mtime_ns == before
     assert "up to date" in capsys.readouterr().out
-    assert set(paths) == {"tiny-distilbert", "cola", "tiny-vit", "beans"}
+    assert set(paths) == {"tiny-distilbert", "cola", "tiny-vit", "beans", "text-corpus"}
 
     from datasets import load_dataset
 
@@ -83,6 +83,11 @@ def test_build_writes_loadable_artifacts_and_is_idempotent(fixtures_dir, capsys)
 
     with Image.open(first) as img:
         assert img.size == (500, 500) and img.format == "JPEG"
+    corpus = load_dataset(paths["text-corpus"])
+    lines = corpus["train"]["text"]
+    assert corpus["train"].column_names == ["text"] and corpus["validation"].num_rows > 100
+    assert " = assert = " in lines and "" in lines  # laid out like wikitext
+    assert sum(len(t) for t in lines) > 300_000  # enough prose for a tiny model to learn from
 
 
 def test_checkpoints_load_like_the_hub_ones(fixtures_dir):

@@ -105,3 +105,72 @@ def test_a_tokenizer_without_a_mask_token_is_refused(tokenizer):
     gpt2_like.mask_token = None
     with pytest.raises(ValueError, match="has no mask token"):
         mlm.masked_dataset(np.zeros((8, 16), np.int32), 4, gpt2_like)
+
+
+def test_blank_lines_and_headings_are_dropped():
+    from datasets import Dataset
+
+    lines = [
+        "",
+        " = Valkyria Chronicles = ",
+        "",
+        " The game began development . ",
+        " = = Plot = = ",
+        "   ",
+        " It is set in 1935 . ",
+    ]
+    kept = mlm.clean_lines(Dataset.from_dict({"text": lines}))["text"]
+    assert kept == [" The game began development . ", " It is set in 1935 . "]
+
+
+@pytest.mark.parametrize("kind, mask", [("wordpiece", "[MASK]"), ("bpe", "<mask>")])
+def test_a_trained_tokenizer_loads_back_with_autotokenizer(tmp_path, corpus, kind, mask):
+    from transformers import AutoTokenizer
+
+    tokenizer = mlm.train_tokenizer(corpus, str(tmp_path / kind), vocab_size=400, kind=kind)
+    again = AutoTokenizer.from_pretrained(str(tmp_path / kind))
+    assert tokenizer.mask_token == again.mask_token == mask and len(again) <= 400
+    ids = again("The cat sleeps.")["input_ids"]
+    assert ids[0] in (again.cls_token_id, again.bos_token_id) and ids[-1] in (
+        again.sep_token_id,
+        again.eos_token_id,
+    )
+    assert again.decode(ids, skip_special_tokens=True).replace(" ", "") == "Thecatsleeps."
+
+
+def test_a_model_that_cannot_take_the_blocks_is_refused_before_training(tokenizer):
+    from transformers import AutoConfig
+
+    fits = AutoConfig.for_model("distilbert", vocab_size=len(tokenizer), max_position_embeddings=64)
+    mlm.check_model_fits(fits, tokenizer, 64)
+    small_vocab = AutoConfig.for_model("distilbert", vocab_size=100)
+    with pytest.raises(
+        ValueError, match=f"tokenizer has {len(tokenizer)} tokens, the model's vocabulary 100"
+    ):
+        mlm.check_model_fits(small_vocab, tokenizer, 64)
+    with pytest.raises(ValueError, match="block_size=128 exceeds the distilbert model's 64"):
+        mlm.check_model_fits(fits, tokenizer, 128)
+
+
+def test_continued_pretraining_of_the_tiny_checkpoint_lowers_its_loss(
+    fixtures_dir, tokenizer, corpus
+):
+    from transformers import AutoConfig, TFAutoModelForMaskedLM
+
+    checkpoint = str(fixtures_dir / "tiny-distilbert")
+    mlm.check_model_fits(AutoConfig.from_pretrained(checkpoint), tokenizer, 32)
+    tf.keras.utils.set_random_seed(0)
+    model = TFAutoModelForMaskedLM.from_pretrained(checkpoint)
+    model.compile(
+        optimizer=tf.keras.optimizers.Adam(3e-3),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=[
+            tf.keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="mlm_loss")
+        ],
+    )
+    blocks = np.asarray(mlm.pack_blocks(corpus, tokenizer, 32)["input_ids"][:256], np.int32)
+    data = mlm.masked_dataset(blocks, 16, tokenizer, seed=0)
+    before = mlm.perplexity(model.evaluate(data, verbose=0, return_dict=True))
+    model.fit(data, epochs=3, verbose=0)
+    after = mlm.perplexity(model.evaluate(data, verbose=0, return_dict=True))
+    assert after < 0.5 * before, (before, after)

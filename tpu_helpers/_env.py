@@ -101,7 +101,8 @@ class KnownNoise(logging.Filter):
     * "Gradients do not exist for variables [...pooler...]": models such as MPNet and BERT
       build a pooler that sequence classification does not use, so it gets no gradient.
       The warning stays when any other variable is named (that one is a real problem).
-    * "Collective all_reduce ...": INFO lines that a multi-replica strategy logs per trace.
+    * "Collective all_reduce ..." and "Reduce to ... then broadcast": INFO lines that a
+      multi-replica strategy logs per trace.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -110,7 +111,8 @@ class KnownNoise(logging.Filter):
             listed = message.split("[", 1)[-1].split("]", 1)[0]
             names = [n.strip(" '\"") for n in listed.split(",") if n.strip()]
             return not names or not all("pooler" in n for n in names)
-        return not (record.levelno < logging.WARNING and message.startswith("Collective "))
+        routine = message.startswith(("Collective ", "Reduce to "))
+        return not (record.levelno < logging.WARNING and routine)
 
 
 def quiet_known_noise() -> None:

@@ -2,16 +2,19 @@
 
 ``python -m tpu_helpers fixtures DIR`` (or ``build_fixtures(DIR)``) writes, from a seed:
 
-* ``DIR/tiny-distilbert``: a DistilBERT-architecture checkpoint and a WordPiece tokenizer
-  trained here, loadable with ``AutoTokenizer`` / ``TFAutoModelForSequenceClassification``
-  exactly like ``distilbert-base-cased``;
+* ``DIR/tiny-distilbert``: a DistilBERT-architecture masked-LM checkpoint and a WordPiece
+  tokenizer trained here, loadable with ``AutoTokenizer`` /
+  ``TFAutoModelForSequenceClassification`` / ``TFAutoModelForMaskedLM`` exactly like
+  ``distilbert-base-cased``;
 * ``DIR/cola``: a CoLA-like acceptability data set (columns ``sentence``, ``label``,
   ``idx``; splits train/validation of CoLA's sizes) loadable with ``load_dataset(DIR/cola)``;
 * ``DIR/tiny-vit``: a ViT image-classification checkpoint with its image processor (10
   labels, so loading it with ``num_labels=3`` exercises ``ignore_mismatched_sizes`` as the
   real ``google/vit-base-patch16-224`` does);
 * ``DIR/beans``: three classes of 500x500 JPEG leaves in class folders plus a listing with
-  beans' columns ``image_file_path`` and ``labels``, loadable with ``load_dataset(DIR/beans)``.
+  beans' columns ``image_file_path`` and ``labels``, loadable with ``load_dataset(DIR/beans)``;
+* ``DIR/text-corpus``: raw English prose laid out like wikitext (column ``text``), for
+  masked-language-model pretraining, loadable with ``load_dataset(DIR/text-corpus)``.
 
 The build is idempotent: a stamp file records what was built; a second call returns at once.
 """
@@ -22,12 +25,13 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
 import tpu_helpers._env  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 
-FIXTURES_VERSION = 3
+FIXTURES_VERSION = 4
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 BEANS_CLASSES = ("angular_leaf_spot", "bean_rust", "healthy")
@@ -208,11 +212,12 @@ def write_cola(out: Path, seed: int) -> None:
 
 
 def write_tiny_distilbert(out: Path, corpus: list[str], seed: int) -> None:
-    """Train a cased WordPiece tokenizer on ``corpus`` and save an untrained DistilBERT."""
+    """Train a cased WordPiece tokenizer on ``corpus`` and save an untrained DistilBERT
+    masked language model (classification notebooks load its base and add their head)."""
     import tensorflow as tf
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers.trainers import WordPieceTrainer
-    from transformers import DistilBertConfig, DistilBertTokenizerFast, TFDistilBertModel
+    from transformers import DistilBertConfig, DistilBertTokenizerFast, TFDistilBertForMaskedLM
 
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -245,11 +250,31 @@ def write_tiny_distilbert(out: Path, corpus: list[str], seed: int) -> None:
         max_position_embeddings=512,
         pad_token_id=tok.token_to_id("[PAD]"),
     )
-    model = TFDistilBertModel(config)
+    model = TFDistilBertForMaskedLM(config)  # a masked-LM checkpoint: base + MLM head
     model(model.dummy_inputs)
     out.mkdir(parents=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+def write_text_corpus(out: Path) -> None:
+    """Raw English prose laid out like wikitext (`` = Title = `` headings, blank lines, one
+    paragraph per line): the Python documentation topics that ship with Python itself
+    (``pydoc_data.topics``), about 460 KB. Split into train and validation by topic."""
+    from pydoc_data.topics import topics
+
+    splits = {"train": [], "validation": []}
+    for i, (name, body) in enumerate(sorted(topics.items())):
+        lines = [{"text": ""}, {"text": f" = {name} = "}, {"text": ""}]
+        for paragraph in re.split(r"\n\s*\n", body):
+            kept = [line.strip() for line in paragraph.splitlines()]
+            text = " ".join(line for line in kept if line and not set(line) <= set("*=-~^"))
+            if text:
+                lines += [{"text": f" {text} "}, {"text": ""}]
+        splits["validation" if i % 8 == 7 else "train"].extend(lines)
+    files = _write_splits(out, splits)
+    features = "  - name: text\n    dtype: string\n"
+    (out / "README.md").write_text(_card(files, features, "Python documentation prose (raw text)"))
 
 
 def write_tiny_vit(out: Path, seed: int) -> None:
@@ -335,7 +360,8 @@ def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = 
     files pass to the notebooks (``model_checkpoint``, ``dataset_name`` ...).
     """
     root = Path(directory).resolve()
-    paths = {name: str(root / name) for name in ("tiny-distilbert", "cola", "tiny-vit", "beans")}
+    names = ("tiny-distilbert", "cola", "tiny-vit", "beans", "text-corpus")
+    paths = {name: str(root / name) for name in names}
     stamp = root / "fixtures.json"
     wanted = {"version": FIXTURES_VERSION, "seed": seed, "paths": paths}
     if stamp.exists() and json.loads(stamp.read_text()) == wanted:
@@ -350,11 +376,12 @@ def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = 
     corpus = [r["sentence"] for rows in make_cola_like(seed).values() for r in rows]
     write_tiny_distilbert(staging / "tiny-distilbert", corpus, seed)
     write_tiny_vit(staging / "tiny-vit", seed)
+    write_text_corpus(staging / "text-corpus")
     for name in paths:
         shutil.rmtree(root / name, ignore_errors=True)
     # Beans paths are absolute, so write them in place after staging the rest.
     write_beans(root / "beans", seed)
-    for name in ("cola", "tiny-distilbert", "tiny-vit"):
+    for name in ("cola", "tiny-distilbert", "tiny-vit", "text-corpus"):
         (staging / name).rename(root / name)
     staging.rmdir()
     stamp.write_text(json.dumps(wanted, indent=1))

@@ -9,17 +9,126 @@
   mask, so a run resumed from a checkpoint sees the masks an uninterrupted run would
   have seen. Labels are the original ids with a 0/1 weight per position (the XLA-safe
   masked loss), never ``-100`` with boolean indexing.
-* ``masked_dataset``: batches of blocks, masked with a seed derived from
-  ``(seed, epoch, step)``.
+* ``masked_dataset`` / ``mask_batches``: batches of blocks, masked with a seed derived
+  from ``(seed, epoch, step)``.
+* ``clean_lines``: raw-text lines as a reader of wikitext expects them: no blank lines, no
+  `` = Heading = `` lines.
+* ``train_tokenizer``: a WordPiece (BERT family) or byte-level BPE (RoBERTa family)
+  tokenizer trained from a ``datasets`` column streamed in batches, saved so that
+  ``AutoTokenizer.from_pretrained(folder)`` loads it.
+* ``check_model_fits``: vocabulary, mask token and block size against a model config,
+  before any training step.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
 
 import tpu_helpers._env  # noqa: F401
+
+#: Special tokens per family, in the order their ids are given.
+_SPECIALS = {
+    "wordpiece": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+    "bpe": ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+}
+_HEADING = re.compile(r"^\s*(=\s+)+.*?(\s+=)+\s*$")
+
+
+def clean_lines(dataset, text_column: str = "text"):
+    """Drop blank lines and wikitext headings (`` = = Title = = ``): what is left is prose,
+    one paragraph per row, which ``pack_blocks`` joins with separators."""
+
+    def keep(batch):
+        return [bool(t and t.strip()) and not _HEADING.match(t) for t in batch[text_column]]
+
+    return dataset.filter(keep, batched=True, desc="drop blank lines and headings")
+
+
+def train_tokenizer(
+    dataset,
+    folder: str,
+    text_column: str = "text",
+    vocab_size: int = 30522,
+    kind: str = "wordpiece",
+    batch_size: int = 1000,
+    lowercase: bool = False,
+):
+    """Train a tokenizer on ``dataset[text_column]``, read ``batch_size`` rows at a time
+    (never the whole corpus as one list), save it to ``folder`` and return it loaded with
+    ``AutoTokenizer.from_pretrained(folder)``.
+
+    ``kind="wordpiece"``: BERT's scheme and special tokens ([CLS] [SEP] [MASK] ...), for
+    BERT and DistilBERT configs. ``kind="bpe"``: byte-level BPE with RoBERTa's (<s> </s>
+    <mask> ...), for RoBERTa configs.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers.trainers import BpeTrainer, WordPieceTrainer
+    from transformers import AutoTokenizer, BertTokenizerFast, RobertaTokenizerFast
+
+    if kind not in _SPECIALS:
+        raise ValueError(f"kind={kind!r}: use 'wordpiece' (BERT family) or 'bpe' (RoBERTa).")
+    special = _SPECIALS[kind]
+
+    def batches():
+        for batch in dataset.iter(batch_size=batch_size):
+            yield [t for t in batch[text_column] if t]
+
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = WordPieceTrainer(vocab_size=vocab_size, special_tokens=special)
+    else:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=special,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+    tok.train_from_iterator(batches(), trainer, length=len(dataset))
+    first, last = (special[2], special[3]) if kind == "wordpiece" else (special[0], special[2])
+    a, b = tok.token_to_id(first), tok.token_to_id(last)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{first} $A {last}",
+        pair=f"{first} $A {last} $B:1 {last}:1",
+        special_tokens=[(first, a), (last, b)],
+    )
+    wrapper = BertTokenizerFast if kind == "wordpiece" else RobertaTokenizerFast
+    tokenizer = wrapper(tokenizer_object=tok, do_lower_case=lowercase)
+    tokenizer.save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def check_model_fits(config, tokenizer, block_size: int) -> None:
+    """``ValueError`` before any training step when the model cannot take these blocks: a
+    tokenizer without a mask token, ids beyond the model's vocabulary, blocks longer than
+    its position embeddings."""
+    from tpu_helpers.text import position_limit
+
+    if tokenizer.mask_token_id is None:
+        raise ValueError(
+            f"{type(tokenizer).__name__} has no mask token, which masked-language-model"
+            " training needs. Fix: a tokenizer with one, or train_tokenizer()."
+        )
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(
+            f"The tokenizer has {len(tokenizer)} tokens, the model's vocabulary"
+            f" {config.vocab_size}: ids beyond it would fail (CPU) or read wrong rows (TPU)."
+            f" Fix: vocab_size={len(tokenizer)} in the config (from scratch), or"
+            " model.resize_token_embeddings(len(tokenizer)) (continued pretraining)."
+        )
+    limit = position_limit(config)
+    if limit is not None and block_size > limit:
+        raise ValueError(
+            f"block_size={block_size} exceeds the {config.model_type} model's {limit}"
+            f" positions. Fix: block_size <= {limit}."
+        )
 
 
 def pack_blocks(
@@ -124,18 +233,20 @@ def step_seed(seed: int, epoch, step):
     )
 
 
-def masked_dataset(
-    blocks,
-    batch_size: int,
+def mask_batches(
+    batches,
     tokenizer,
     seed: int = 0,
     epoch: int = 0,
+    first_step: int = 0,
     probability: float = 0.15,
 ):
-    """Batches ``({"input_ids", "attention_mask"}, labels, weights)`` from a dataset of
-    blocks (``tf.data`` of ``[block_size]`` ids, or anything ``from_tensor_slices`` takes),
-    masked per step with ``step_seed(seed, epoch, step)``: a fresh mask every epoch, the
-    same one for the same (seed, epoch, step), whatever ran before."""
+    """Mask a ``tf.data`` dataset of id batches (``[B, T]``, or a dict with ``input_ids``,
+    or ``(features, weights)`` from ``records.read_records(..., label_column=None)``):
+    ``({"input_ids", "attention_mask"}, labels, weights)``, step ``i`` masked with
+    ``step_seed(seed, epoch, first_step + i)``. Pass ``first_step`` when resuming an epoch
+    after skipping the steps already done: the masks are the ones of the uninterrupted run.
+    """
     import tensorflow as tf
 
     if tokenizer.mask_token_id is None:
@@ -144,17 +255,82 @@ def masked_dataset(
             " training needs. Fix: a tokenizer with one (BERT's [MASK], RoBERTa's <mask>), or"
             " tokenizer.add_special_tokens({'mask_token': '[MASK]'}) before training it."
         )
-    if not isinstance(blocks, tf.data.Dataset):
-        blocks = tf.data.Dataset.from_tensor_slices(np.asarray(blocks, np.int32))
     special = sorted(set(tokenizer.all_special_ids))
     vocab = len(tokenizer)
 
-    def mask(step, ids):
+    def ids_of(element):
+        if isinstance(element, tuple):
+            element = element[0]
+        return element["input_ids"] if isinstance(element, dict) else element
+
+    def mask(step, element):
+        ids = ids_of(element)
         masked, labels, weights = mask_tokens(
-            ids, step_seed(seed, epoch, step), tokenizer.mask_token_id, vocab, special, probability
+            ids,
+            step_seed(seed, epoch, step + first_step),
+            tokenizer.mask_token_id,
+            vocab,
+            special,
+            probability,
         )
         features = {"input_ids": masked, "attention_mask": tf.ones_like(masked)}
         return features, labels, weights
 
-    ds = blocks.batch(batch_size, drop_remainder=True).enumerate()
-    return ds.map(mask, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    return batches.enumerate().map(mask, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def masked_dataset(
+    blocks,
+    batch_size: int,
+    tokenizer,
+    seed: int = 0,
+    epoch: int = 0,
+    probability: float = 0.15,
+):
+    """Batches ``({"input_ids", "attention_mask"}, labels, weights)`` from blocks (a
+    ``tf.data`` dataset of ``[block_size]`` ids, or an array), masked per step with
+    ``step_seed(seed, epoch, step)``: a fresh mask every epoch, the same one for the same
+    (seed, epoch, step), whatever ran before."""
+    import tensorflow as tf
+
+    if not isinstance(blocks, tf.data.Dataset):
+        blocks = tf.data.Dataset.from_tensor_slices(np.asarray(blocks, np.int32))
+    batches = blocks.batch(batch_size, drop_remainder=True)
+    return mask_batches(batches, tokenizer, seed, epoch, 0, probability).prefetch(tf.data.AUTOTUNE)
+
+
+def fill_mask_table(model, tokenizer, texts: Sequence[str], k: int = 3, words: int = 12):
+    """For each text, mask one token (the middle one of its first ``words`` tokens) and
+    list the model's top ``k`` guesses: rows of ``{"text", "answer", "guesses", "right"}``
+    (what a fill-mask demonstration prints before and after training)."""
+    import tensorflow as tf
+
+    rows = []
+    for text in texts:
+        ids = tokenizer(text, truncation=True, max_length=words + 2)["input_ids"]
+        inner = [i for i, t in enumerate(ids) if t not in tokenizer.all_special_ids]
+        if not inner:
+            continue
+        at = inner[len(inner) // 2]
+        answer = ids[at]
+        masked = list(ids)
+        masked[at] = tokenizer.mask_token_id
+        logits = model(tf.constant([masked]), training=False).logits[0, at]
+        top = tf.math.top_k(logits, k).indices.numpy().tolist()
+        rows.append(
+            {
+                "text": tokenizer.decode(masked, skip_special_tokens=False),
+                "answer": tokenizer.convert_ids_to_tokens(answer),
+                "guesses": " ".join(tokenizer.convert_ids_to_tokens(top)),
+                "right": answer in top,
+            }
+        )
+    return rows
+
+
+def perplexity(history_or_logs: dict, key: str = "mlm_loss") -> float:
+    """``exp`` of the masked-token cross-entropy a compiled weighted metric named ``key``
+    reports (the mean over masked positions only, not over every position)."""
+    value = history_or_logs[key]
+    value = value[-1] if isinstance(value, list) else value
+    return float(np.exp(value))
