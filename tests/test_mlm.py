@@ -82,6 +82,13 @@ def test_masking_statistics_match_the_data_collator(tokenizer, corpus):
         assert abs(ours[name] - expected) < tolerance, (name, ours)
         assert abs(theirs[name] - expected) < tolerance, (name, theirs)
     assert ours["special chosen"] == 0 and ours["untouched outside"] == 1.0
+    got, chosen = masked.numpy(), weights.numpy().astype(bool)
+    replaced = got[chosen & (got != tokenizer.mask_token_id) & (got != ids)]
+    assert abs(len(replaced) / chosen.sum() - 0.1) < 0.04  # the random-token tenth
+    # spread over the vocabulary: about as many distinct ids as uniform draws would give
+    vocab, n = len(tokenizer), len(replaced)
+    assert len(set(replaced.tolist())) > 0.85 * vocab * (1 - (1 - 1 / vocab) ** n)
+    assert replaced.max() > 0.8 * vocab
 
 
 def test_the_same_step_gets_the_same_mask_and_epochs_differ(tokenizer, corpus):

@@ -213,12 +213,13 @@ def mask_tokens(
     ids = tf.convert_to_tensor(input_ids)
     seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
     special = tf.reduce_any(ids[..., None] == tf.constant(list(special_ids), ids.dtype), axis=-1)
-    pick = tf.random.stateless_uniform(tf.shape(ids), seed) < probability
-    chosen = pick & ~special
-    how = tf.random.stateless_uniform(tf.shape(ids), seed + [0, 1])
-    random_ids = tf.random.stateless_uniform(
-        tf.shape(ids), seed + [0, 2], minval=0, maxval=vocab_size, dtype=ids.dtype
-    )
+    # One uniform draw per position decides everything: u < probability chooses it, and
+    # for a chosen one u / probability is again uniform in [0, 1): below 0.8 the mask token,
+    # 0.8-0.9 a random id (read off the same number), above 0.9 the token stays.
+    u = tf.random.stateless_uniform(tf.shape(ids), seed)
+    chosen = (u < probability) & ~special
+    how = u / probability
+    random_ids = tf.cast(tf.minimum((how - 0.8) * 10.0 * vocab_size, vocab_size - 1), ids.dtype)
     masked = tf.where(chosen & (how < 0.8), tf.cast(mask_token_id, ids.dtype), ids)
     masked = tf.where(chosen & (how >= 0.8) & (how < 0.9), random_ids, masked)
     return masked, ids, tf.cast(chosen, tf.float32)
