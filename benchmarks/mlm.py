@@ -7,7 +7,8 @@ DistilBERT tokenizer and model, prints, from one run:
 
 * the real-token share of packed blocks (100 % by construction) against one paragraph per
   row padded to the block size;
-* masking throughput (examples/s, counted inside the TF runtime): ``mlm.mask_batches``,
+* masking throughput (examples/s, counted inside the TF runtime, best of 5 alternating
+  rounds): ``mlm.mask_batches``,
   the TPU example's ``DataCollatorForLanguageModeling(return_tensors="tf").tf_mask_tokens``
   mapped over the same batches, and ``to_tf_dataset`` with the collator (what
   ``prepare_tf_dataset`` does);
@@ -80,13 +81,16 @@ def main() -> None:
         drop_remainder=True,
         shuffle=False,
     )
-    rates = {}
-    for name, ds in (
-        ("mlm.mask_batches", ours),
-        ("tf_mask_tokens (TPU example)", theirs),
-        ("to_tf_dataset + collator", via_datasets),
-    ):
-        rates[name] = examples_per_second(ds, passes=3)
+    # best of 5 alternating rounds: this machine's speed drifts by a third between minutes
+    pipelines = {
+        "mlm.mask_batches": ours,
+        "tf_mask_tokens (TPU example)": theirs,
+        "to_tf_dataset + collator": via_datasets,
+    }
+    rates = dict.fromkeys(pipelines, 0.0)
+    for _ in range(5):
+        for name, ds in pipelines.items():
+            rates[name] = max(rates[name], examples_per_second(ds))
     print("\n| masking | examples/s | vs ours |\n|---|---|---|")
     for name, rate in rates.items():
         print(f"| {name} | {rate:,.0f} | {rate / rates['mlm.mask_batches']:.2f}x |")

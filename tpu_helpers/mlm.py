@@ -212,7 +212,10 @@ def mask_tokens(
 
     ids = tf.convert_to_tensor(input_ids)
     seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
-    special = tf.reduce_any(ids[..., None] == tf.constant(list(special_ids), ids.dtype), axis=-1)
+    # one lookup per token in a table of the vocabulary, not a comparison per special id
+    table = np.zeros(max(vocab_size, max(special_ids, default=0) + 1), bool)
+    table[list(special_ids)] = True
+    special = tf.gather(tf.constant(table), ids)
     # One uniform draw per position decides everything: u < probability chooses it, and
     # for a chosen one u / probability is again uniform in [0, 1): below 0.8 the mask token,
     # 0.8-0.9 a random id (read off the same number), above 0.9 the token stays.
@@ -229,9 +232,8 @@ def step_seed(seed: int, epoch, step):
     """The stateless seed pair of one step: ``[seed, epoch * 2**32 + step]``."""
     import tensorflow as tf
 
-    return tf.stack(
-        [tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64) * 2**32 + tf.cast(step, tf.int64)]
-    )
+    offset = tf.cast(epoch, tf.int64) * 2**32 if tf.is_tensor(epoch) else int(epoch) * 2**32
+    return tf.stack([tf.constant(seed, tf.int64), offset + tf.cast(step, tf.int64)])
 
 
 def mask_batches(
@@ -244,7 +246,7 @@ def mask_batches(
 ):
     """Mask a ``tf.data`` dataset of id batches (``[B, T]``, or a dict with ``input_ids``,
     or ``(features, weights)`` from ``records.read_records(..., label_column=None)``):
-    ``({"input_ids", "attention_mask"}, labels, weights)``, step ``i`` masked with
+    ``({"input_ids"}, labels, weights)``, step ``i`` masked with
     ``step_seed(seed, epoch, first_step + i)``. Pass ``first_step`` when resuming an epoch
     after skipping the steps already done: the masks are the ones of the uninterrupted run.
     """
@@ -274,8 +276,8 @@ def mask_batches(
             special,
             probability,
         )
-        features = {"input_ids": masked, "attention_mask": tf.ones_like(masked)}
-        return features, labels, weights
+        # every position of a packed block is a token: no attention_mask (models take all)
+        return {"input_ids": masked}, labels, weights
 
     return batches.enumerate().map(mask, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -288,7 +290,7 @@ def masked_dataset(
     epoch: int = 0,
     probability: float = 0.15,
 ):
-    """Batches ``({"input_ids", "attention_mask"}, labels, weights)`` from blocks (a
+    """Batches ``({"input_ids"}, labels, weights)`` from blocks (a
     ``tf.data`` dataset of ``[block_size]`` ids, or an array), masked per step with
     ``step_seed(seed, epoch, step)``: a fresh mask every epoch, the same one for the same
     (seed, epoch, step), whatever ran before."""
