@@ -50,8 +50,6 @@ TENSORFLOW_TPU_PIN = "tensorflow-tpu==2.20.0"
 LIBTPU_PIN = "libtpu==0.0.20"
 #: libtpu releases that load with ``tensorflow-tpu`` 2.20 (first and last, inclusive).
 LIBTPU_KNOWN_GOOD = ((0, 0, 14), (0, 0, 31))
-#: Google's page of TPU wheels (kept for users of older releases; the pins above are on PyPI).
-LIBTPU_INDEX = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
 
 _ENV_KEYS = (
     "COLAB_RELEASE_TAG",
