@@ -105,17 +105,22 @@ def train_tokenizer(
     return AutoTokenizer.from_pretrained(folder)
 
 
+def _require_mask_token(tokenizer) -> None:
+    if tokenizer.mask_token_id is None:
+        raise ValueError(
+            f"{type(tokenizer).__name__} has no mask token, which masked-language-model"
+            " training needs. Fix: a tokenizer with one (BERT's [MASK], RoBERTa's <mask>),"
+            " train_tokenizer(), or tokenizer.add_special_tokens({'mask_token': '[MASK]'})."
+        )
+
+
 def check_model_fits(config, tokenizer, block_size: int) -> None:
     """``ValueError`` before any training step when the model cannot take these blocks: a
     tokenizer without a mask token, ids beyond the model's vocabulary, blocks longer than
     its position embeddings."""
     from tpu_helpers.text import position_limit
 
-    if tokenizer.mask_token_id is None:
-        raise ValueError(
-            f"{type(tokenizer).__name__} has no mask token, which masked-language-model"
-            " training needs. Fix: a tokenizer with one, or train_tokenizer()."
-        )
+    _require_mask_token(tokenizer)
     if len(tokenizer) > config.vocab_size:
         raise ValueError(
             f"The tokenizer has {len(tokenizer)} tokens, the model's vocabulary"
@@ -252,12 +257,7 @@ def mask_batches(
     """
     import tensorflow as tf
 
-    if tokenizer.mask_token_id is None:
-        raise ValueError(
-            f"{type(tokenizer).__name__} has no mask token, which masked-language-model"
-            " training needs. Fix: a tokenizer with one (BERT's [MASK], RoBERTa's <mask>), or"
-            " tokenizer.add_special_tokens({'mask_token': '[MASK]'}) before training it."
-        )
+    _require_mask_token(tokenizer)
     special = sorted(set(tokenizer.all_special_ids))
     vocab = len(tokenizer)
 
