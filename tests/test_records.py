@@ -92,20 +92,23 @@ def test_fixed_records_round_trip_on_ram_bucket():
     assert tf.io.gfile.exists(f"{out}/train.metadata.json")
 
     ds = records.read_records(out, batch_size=32, shuffle=False)
-    assert ds.steps == 300 // 32 and int(ds.cardinality()) == ds.steps
+    # every record once: 9 full batches, the 10th has 12 records and 20 weight-0 copies
+    assert ds.steps == 10 and int(ds.cardinality()) == ds.steps
     seen = []
-    for features, labels, weights in ds:
-        assert weights.numpy().tolist() == [1.0] * 32
+    for i, (features, labels, weights) in enumerate(ds):
+        assert weights.numpy().tolist() == [1.0] * (32 if i < 9 else 12) + [0.0] * (
+            20 if i == 9 else 0
+        )
         assert features["input_ids"].shape == (32, 16) and features["input_ids"].dtype == tf.int32
-        seen.extend(features["idx"].numpy().tolist())
+        seen.extend(features["idx"].numpy()[weights.numpy() == 1].tolist())
         np.testing.assert_array_equal(labels.numpy(), features["idx"].numpy() % 2)
         row = features["idx"].numpy()[0]
         np.testing.assert_array_equal(features["input_ids"][0], data[int(row)]["input_ids"])
-    assert len(seen) == len(set(seen)) == 9 * 32
+    assert sorted(seen) == list(range(300))
 
     shuffled = records.read_records(out, batch_size=32, seed=1)
-    order = [int(x) for f, _, _ in shuffled for x in f["idx"]]
-    assert sorted(order) != order and len(set(order)) == len(order)
+    order = [int(x) for f, _, w in shuffled for x in f["idx"].numpy()[w.numpy() == 1]]
+    assert sorted(order) != order and sorted(order) == list(range(300))
 
 
 def test_shards_rotate_at_the_byte_target():
@@ -263,13 +266,20 @@ def test_metadata_that_disagrees_with_the_files(tmp_path):
 def test_too_few_shards_for_the_input_pipelines(tmp_path):
     _write_shards(tmp_path)  # 4 shards
     context = tf.distribute.InputContext(num_input_pipelines=8, input_pipeline_id=0)
-    with pytest.raises(RecordsError, match="4 shard\\(s\\) cannot feed 8 input pipelines"):
+    with pytest.raises(RecordsError, match="is a path on this host, and 8 input pipelines"):
         records.read_records(str(tmp_path), 10, input_context=context)
+    with pytest.raises(RecordsError, match="4 shard\\(s\\) cannot feed 8 input pipelines"):
+        records.read_records(str(tmp_path), 10, input_context=context, shared_filesystem=True)
     context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=2)
-    ds = records.read_records(str(tmp_path), 10, input_context=context, shuffle=False)
-    # pipeline 2 reads shard 2 only; all pipelines stop after the shortest one's batches
-    idx = [int(x) for f, _, _ in ds for x in f["idx"]]
-    assert ds.steps == 5 and set(idx) <= set(range(100, 150))
+    ds = records.read_records(
+        str(tmp_path), 10, input_context=context, shuffle=False, shared_filesystem=True
+    )
+    # pipeline 0 reads shards 0 and 3, pipeline 2 shard 2 only: it runs as many steps as
+    # pipeline 0, the last five of them batches of weight-0 rows
+    batches = [(f["idx"].numpy(), w.numpy()) for f, _, w in ds]
+    real = [int(i) for idx, w in batches for i in idx[w == 1]]
+    assert ds.steps == len(batches) == 10 and sorted(real) == list(range(100, 150))
+    assert [float(w.sum()) for _, w in batches] == [10.0] * 5 + [0.0] * 5
 
 
 def test_a_failed_write_leaves_nothing(tmp_path):
@@ -309,16 +319,23 @@ def test_distribute_records_under_two_replicas(tmp_path):
         from tpu_helpers import records
         strategy = tpu_helpers.connect(simulated_replicas=2)
         ds, steps = records.distribute_records(strategy, {str(tmp_path)!r}, 8, shuffle=False)
-        n = 0
+        n, seen = 0, []
         for features, labels, weights in ds:
             parts = strategy.experimental_local_results(features["input_ids"])
             assert [p.shape.as_list() for p in parts] == [[8, 16], [8, 16]], parts
+            for idx, w in zip(
+                strategy.experimental_local_results(features["idx"]),
+                strategy.experimental_local_results(weights),
+            ):
+                seen += idx.numpy()[w.numpy() == 1].tolist()
             n += 1
+        assert sorted(seen) == list(range(200)), seen
         print("steps", steps, n)
         """
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "steps 12 12" in result.stdout
+    # 25 per-replica batches of 8 for 200 records: 13 steps of 2 replicas
+    assert "steps 13 13" in result.stdout
 
 
 def test_attention_mask_comes_from_lengths_not_token_values(tmp_path):

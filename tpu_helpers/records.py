@@ -392,6 +392,15 @@ def _split_state(folder: str, split: str) -> tuple:
     return content, tuple(split_files(folder, split))
 
 
+def _length_groups(encoded: dict, lists: list, rows: int, group_lengths: int | None) -> np.ndarray:
+    """Per record, the length group (length rounded up to ``group_lengths``) of the
+    ``input_ids`` column, else of the first list column; 0 for all without one."""
+    if group_lengths is None or not lists:
+        return np.zeros(rows, np.int64)
+    key = "input_ids" if "input_ids" in lists else lists[0]
+    return -(-np.asarray(encoded[key][2], np.int64) // group_lengths)
+
+
 def _remove_tree(path: str) -> None:
     import tensorflow as tf
 
@@ -412,6 +421,7 @@ def write_records(
     total: int | None = None,
     overwrite: bool = False,
     progress: bool = True,
+    group_lengths: int | None = 8,
 ) -> dict:
     """Write ``examples`` (a ``datasets.Dataset`` or an iterable of dicts) as sharded
     ``tf.train.Example`` records under ``output_dir``; return the metadata written.
@@ -423,6 +433,13 @@ def write_records(
     when the current one would pass ``shard_bytes``, or every ``shard_records`` records if
     that is given. ``compression`` is ``None`` or ``"GZIP"``. ``source`` (tokenizer, max
     length, data set name ...) is stored in the metadata as given.
+
+    Records of varying length are grouped by length as they are written: each shard holds
+    records whose length (of ``input_ids``, else of the first list column) rounds up to the
+    same multiple of ``group_lengths``, so that a reader, on any number of hosts, can fill
+    a batch of any width from shards of that width alone (``read_records``). Widths chosen
+    on multiples of ``group_lengths`` (``text.choose_boundaries`` uses 8) then never pad a
+    record wider than its own bucket. ``None`` writes records in the order given.
     """
     import tensorflow as tf
     from tqdm.auto import tqdm
@@ -431,6 +448,10 @@ def write_records(
         raise ValueError(f"compression={compression!r}: use None or 'GZIP'.")
     if shard_records is not None and shard_records < 1:
         raise ValueError(f"shard_records={shard_records} must be a positive number of records.")
+    if group_lengths is not None and (
+        isinstance(group_lengths, bool) or not isinstance(group_lengths, int) or group_lengths < 1
+    ):
+        raise ValueError(f"group_lengths={group_lengths!r} must be a positive integer or None.")
     if shard_records is None and (shard_bytes is None or shard_bytes < 1):
         raise ValueError(f"shard_bytes={shard_bytes} must be a positive size in bytes.")
     output_dir = output_dir.rstrip("/")
@@ -452,23 +473,25 @@ def write_records(
 
     options = tf.io.TFRecordOptions(compression_type=compression or "")
     pending: list[tuple[str, int]] = []  # (temporary path, records)
+    group_of_shard: list[int] = []
     info: dict[str, _Column] = {}
     shard_lengths: list[dict[str, Counter]] = []
-    writer, in_shard, shard_size = None, 0, 0
+    # one open shard per length group: [writer, shard index, records, bytes]
+    open_shards: dict[int, list] = {}
 
-    def open_shard():
-        nonlocal writer, in_shard, shard_size
+    def open_shard(group: int) -> list:
         path = f"{staging}/{split}-{len(pending):05d}.tfrecord.incomplete"
         pending.append((path, 0))
+        group_of_shard.append(group)
         shard_lengths.append({})
-        writer, in_shard, shard_size = tf.io.TFRecordWriter(path, options), 0, 0
+        open_shards[group] = [tf.io.TFRecordWriter(path, options), len(pending) - 1, 0, 0]
+        return open_shards[group]
 
-    def close_shard():
-        nonlocal writer
-        if writer is not None:
-            writer.close()
-            pending[-1] = (pending[-1][0], in_shard)
-            writer = None
+    def close_shard(group: int) -> None:
+        state = open_shards.pop(group, None)
+        if state is not None:
+            state[0].close()
+            pending[state[1]] = (pending[state[1]][0], state[2])
 
     bar = tqdm(total=total, unit="ex", desc=f"write {split}", disable=not progress)
     written = 0
@@ -494,30 +517,36 @@ def write_records(
                     f" {sorted(info)}. Fix: give every example the same columns."
                 )
             records = encode_examples(encoded)
-            ends = np.cumsum([len(r) + 16 for r in records])  # + length and two CRCs
+            sizes = np.array([len(r) + 16 for r in records])  # + length and two CRCs
             shard_of = np.empty(len(records), np.int64)
-            pos = 0
-            while pos < len(records):
-                if shard_records is not None:
-                    room = shard_records - in_shard if writer is not None else 0
-                    take = min(room, len(records) - pos)
-                else:
-                    done = ends[pos - 1] if pos else 0
-                    room = shard_bytes - shard_size if writer is not None else 0
-                    take = int(np.searchsorted(ends, done + room, side="right")) - pos
-                    if take == 0 and writer is not None and in_shard == 0:
-                        take = 1  # one record larger than a shard gets a shard of its own
-                if take <= 0:
-                    close_shard()
-                    open_shard()
-                    continue
-                write = writer.write
-                for record in records[pos : pos + take]:
-                    write(record)
-                in_shard += take
-                shard_size += int(ends[pos + take - 1] - (ends[pos - 1] if pos else 0))
-                shard_of[pos : pos + take] = len(pending) - 1
-                pos += take
+            lists = [n for n in encoded if not info[n].scalar]
+            groups = _length_groups(encoded, lists, len(records), group_lengths)
+            for group in np.unique(groups).tolist():
+                rows = np.flatnonzero(groups == group)
+                ends = np.cumsum(sizes[rows])
+                pos = 0
+                while pos < len(rows):
+                    state = open_shards.get(group)
+                    if shard_records is not None:
+                        room = shard_records - state[2] if state else 0
+                        take = min(room, len(rows) - pos)
+                    else:
+                        done = ends[pos - 1] if pos else 0
+                        room = shard_bytes - state[3] if state else 0
+                        take = int(np.searchsorted(ends, done + room, side="right")) - pos
+                        if take == 0 and state and state[2] == 0:
+                            take = 1  # one record larger than a shard gets a shard of its own
+                    if take <= 0:
+                        close_shard(group)
+                        open_shard(group)
+                        continue
+                    write = state[0].write
+                    for row in rows[pos : pos + take].tolist():
+                        write(records[row])
+                    state[2] += take
+                    state[3] += int(ends[pos + take - 1] - (ends[pos - 1] if pos else 0))
+                    shard_of[rows[pos : pos + take]] = state[1]
+                    pos += take
             for name, (_, _, lengths) in encoded.items():
                 if info[name].scalar:
                     continue
@@ -528,10 +557,11 @@ def write_records(
                     info[name].lengths.update(histogram)
             written += len(records)
             bar.update(len(records))
-        close_shard()
+        for group in list(open_shards):
+            close_shard(group)
     except BaseException:
-        if writer is not None:
-            writer.close()
+        for state in open_shards.values():
+            state[0].close()
         _remove_tree(staging)
         raise
     finally:
@@ -544,7 +574,10 @@ def write_records(
         )
 
     shards = []
-    for index, (path, count) in enumerate(pending):
+    # shards named in length order: a reader lists them grouped by the widths they need
+    order = sorted(range(len(pending)), key=lambda i: (group_of_shard[i], i))
+    for index, (path, count) in enumerate(pending[i] for i in order):
+        shard_index = order[index]
         final = f"{staging}/{shard_name(split, index, len(pending), compression)}"
         tf.io.gfile.rename(path, final, overwrite=True)
         entry = {
@@ -554,7 +587,7 @@ def write_records(
         }
         variable = {
             name: {str(k): v for k, v in sorted(c.items())}
-            for name, c in shard_lengths[index].items()
+            for name, c in shard_lengths[shard_index].items()
             if info[name].spec()["shape"] == [None]
         }
         if variable:
@@ -567,6 +600,7 @@ def write_records(
         "compression": compression,
         "features": {name: col.spec() for name, col in info.items()},
         "shards": shards,
+        "group_lengths": group_lengths,
         "source": dict(source or {}),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "write_id": write_id,
@@ -927,67 +961,106 @@ def record_lengths(source: RecordSource, feature: str = "input_ids") -> np.ndarr
     return np.repeat(np.array(list(hist), np.int64), list(hist.values()))
 
 
-def read_records(
-    source: str | Sequence[str] | RecordSource,
-    batch_size: int,
-    label_column: str | None = "label",
-    boundaries: Sequence[int] | None = None,
-    shuffle: bool = True,
-    seed: int | None = None,
-    shuffle_buffer: int = 8192,
-    parallel_reads: int | None = None,
-    input_context=None,
-    spec: Mapping | None = None,
-    on_corrupt: str = "raise",
-    repeat: bool = False,
-    steps_multiple: int = 1,
-):
-    """A ``tf.data.Dataset`` of ``(features, labels, weights)`` batches of exactly
-    ``batch_size`` rows from TFRecord shards (see ``open_records`` for ``source``, ``spec``,
-    ``on_corrupt``); ``(features, weights)`` with ``label_column=None``. Weights are 1 for
-    records and 0 for the copies that complete a short batch (``fit`` takes them as sample
-    weights, ``CustomLoop`` as its third element).
+#: Path schemes every host of a pod slice reads alike (a local path is one host's disk).
+SHARED_SCHEMES = ("gs://", "s3://", "hdfs://", "az://", "abfs://", "http://", "https://")
 
-    Fixed-shape features: records are batched, then parsed in one ``parse_example``.
-    Shuffling: the file order every epoch, and the records in blocks of ``shuffle_buffer``
-    (each block randomly permuted in one op; a per-record shuffle buffer cost a third of
-    the throughput). Write shards from data that is not sorted by label.
 
-    Fixed-shape records: the records after the last full batch of an epoch are left out
-    of that epoch (fewer than ``batch_size``; shuffling changes which). Variable-length
-    features are padded (with 0) per batch to the narrowest of ``boundaries`` (from
-    ``text.choose_boundaries(record_lengths(...))``; default: the longest record); every
-    record is read, the last batch of each width completed with weight-0 copies; an
-    ``attention_mask`` is added when the records have none. Integers become int32.
+@dataclass(frozen=True)
+class ReadPlan:
+    """What every input pipeline (host) derives alike from the metadata, without talking
+    to the others: the batch widths, which shards each pipeline reads for each width, and
+    how many steps of each width every pipeline runs.
 
-    ``parallel_reads``: files read at once (default 8 for ``gs://``-like paths, where each
-    read waits on the network; 1 for local ones, where interleaving files measured slower,
-    see ``benchmarks/records.py``). With ``input_context`` (from
-    ``strategy.distribute_datasets_from_function``) each input pipeline reads its own
-    files, and all pipelines stop after the same number of batches (a multiple of
-    ``steps_multiple``). The number of batches is asserted from the metadata (no pass over
-    the data) and is on the dataset as ``steps``.
+    ``files[p][i]`` are pipeline ``p``'s shards of width ``widths[i]`` (``widths`` is
+    ``(None,)`` for fixed-shape records); ``counts[p][i]`` their records; ``steps[i]`` the
+    steps of width ``i`` per epoch, the same on every pipeline: enough for the pipeline
+    with the most records of that width, the others completing theirs with weight-0 rows.
+    ``counts`` and ``steps`` are ``None`` for files without metadata (no counts).
     """
-    import tensorflow as tf
 
-    from tpu_helpers.storage import is_remote
+    widths: tuple
+    batch_size: int
+    local_replicas: int
+    files: tuple
+    counts: np.ndarray | None
+    steps: np.ndarray | None
+    mixed: tuple = ()
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
-    if not isinstance(source, RecordSource):
-        source = open_records(source, spec=spec, on_corrupt=on_corrupt)
-    shards = source.shards
-    pipelines, pipeline = 1, 0
-    if input_context is not None:
-        pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
-    if len(shards) < pipelines:
-        raise RecordsError(
-            f"{len(shards)} shard(s) cannot feed {pipelines} input pipelines: each host reads"
-            f" whole files. Fix: write the records again with shard_records="
-            f"{max(1, (source.num_records or pipelines) // (4 * pipelines))} (4 shards per"
-            " host or more)."
-        )
+    @property
+    def steps_per_epoch(self) -> int | None:
+        return None if self.steps is None else int(self.steps.sum())
+
+    def schedule(self) -> np.ndarray:
+        """Width index of each step, in width order (shuffled per epoch when reading)."""
+        return np.repeat(np.arange(len(self.widths)), self.steps)
+
+
+def _shard_slot(shard: Shard, key: str | None, widths: Sequence) -> tuple[int, bool]:
+    """``(width index, mixed)``: the narrowest width that holds the shard's longest record
+    (from its length histogram), and whether its records need several widths."""
+    if key is None or len(widths) == 1:
+        return 0, False
+    hist = (shard.lengths or {}).get(key)
+    if not hist:
+        return len(widths) - 1, True
+    lengths = np.minimum(np.array([int(k) for k in hist]), widths[-1])
+    slots = np.searchsorted(widths, lengths)
+    return int(slots.max()), bool(slots.min() != slots.max())
+
+
+def plan_reads(
+    source: RecordSource,
+    batch_size: int,
+    boundaries: Sequence[int] | None = None,
+    pipelines: int = 1,
+    local_replicas: int = 1,
+) -> ReadPlan:
+    """The ``ReadPlan`` of ``source`` read in batches of ``batch_size`` rows (per replica
+    with several replicas) by ``pipelines`` input pipelines of ``local_replicas`` each.
+
+    Shards go to pipelines whole, each width's shards spread so that the records of that
+    width are as even as the shard sizes allow (largest first, to the pipeline with the
+    fewest so far). Pure arithmetic on the metadata: every host computes the same plan.
+    """
     variable = [n for n, f in source.features.items() if f["shape"] == [None]]
+    key = ("input_ids" if "input_ids" in variable else variable[0]) if variable else None
+    if key is None:
+        widths: tuple = (None,)
+    else:
+        if boundaries is None:
+            hist = _length_histogram(source, key)
+            if not hist:
+                raise RecordsError(
+                    "Pass boundaries= for variable-length records without metadata (for"
+                    " example the longest length you allow: boundaries=[128])."
+                )
+            boundaries = [max(hist)]
+        widths = tuple(check_boundaries(boundaries))
+    known = all(s.num_records is not None for s in source.shards)
+    slots = [[[] for _ in widths] for _ in range(pipelines)]
+    counts = np.zeros((pipelines, len(widths)), np.int64)
+    mixed = []
+    by_slot: dict[int, list[Shard]] = {}
+    for shard in source.shards:
+        slot, spans = _shard_slot(shard, key, widths)
+        by_slot.setdefault(slot, []).append(shard)
+        if spans:
+            mixed.append(shard.path)
+    for slot, shards in by_slot.items():
+        for shard in sorted(shards, key=lambda s: (-(s.num_records or 0), s.path)):
+            p = int(np.argmin(counts[:, slot])) if known else len(slots[0][slot]) % pipelines
+            slots[p][slot].append(shard.path)
+            counts[p, slot] += shard.num_records or 0
+    files = tuple(tuple(tuple(sorted(paths)) for paths in row) for row in slots)
+    if not known:
+        return ReadPlan(widths, batch_size, local_replicas, files, None, None, tuple(mixed))
+    batches = -(-counts // batch_size)
+    steps = (-(-batches // local_replicas)).max(axis=0)
+    return ReadPlan(widths, batch_size, local_replicas, files, counts, steps, tuple(mixed))
+
+
+def _check_for_reading(source: RecordSource, label_column: str | None) -> None:
+    """The checks every read makes before any record is parsed."""
     if label_column is not None and label_column not in source.features:
         raise RecordsError(
             f"The records have no label feature {label_column!r}; they have"
@@ -1006,125 +1079,246 @@ def read_records(
             " (GLUE test splits use -1) trains to a NaN loss. Fix: write a labelled split,"
             " or leave out those rows before writing."
         )
-    if boundaries is not None:
-        boundaries = check_boundaries(boundaries)
-    if variable and pipelines > 1:
+
+
+def _check_hosts(source: RecordSource, pipelines: int, shared_filesystem: bool) -> None:
+    """Several input pipelines are several hosts: each must reach the files, and each
+    must have files of its own and know how many records all the others have."""
+    if pipelines == 1:
+        return
+    path = source.shards[0].path
+    if not shared_filesystem and not path.startswith(SHARED_SCHEMES):
         raise RecordsError(
-            "Variable-length records padded per batch would give each host its own widths,"
-            " and all TPU replicas of a step need one shape. Fix: write fixed-length records"
-            " (padding='max_length') for multi-host training."
+            f"{path} is a path on this host, and {pipelines} input pipelines run on"
+            f" {pipelines} hosts, which cannot read this host's disk. Fix: copy the records"
+            " to a bucket (gsutil -m cp -r <folder> gs://<bucket>/<prefix>) and read from"
+            " there, or pass shared_filesystem=True if every host mounts this folder"
+            " (NFS, Filestore, gcsfuse)."
         )
-    mine = shards[pipeline::pipelines]
-    files = [s.path for s in mine]
-    tf_spec = _spec_to_tf(source.features)
-
-    steps = None
-    if not variable and all(s.num_records is not None for s in shards):
-        counts = [sum(s.num_records for s in shards[p::pipelines]) for p in range(pipelines)]
-        steps = min(c // batch_size for c in counts) // steps_multiple * steps_multiple
-        if steps == 0:
-            raise ValueError(
-                f"{counts[pipeline]} records make no full batch of {batch_size}. Fix: a"
-                " smaller batch."
-            )
-    if variable:
-        hist = _length_histogram(RecordSource(mine, source.features, None, [], 0), variable[0])
-        top = boundaries[-1] if boundaries else None
-        if top is None:
-            top = max(hist) if hist else None
-            if top is None:
-                raise ValueError("Pass boundaries= for variable-length records without metadata.")
-        widths = list(boundaries or [top])
-        steps = None
-        if hist is not None:
-            per_width = Counter()
-            for length, n in hist.items():
-                per_width[int(np.searchsorted(widths, min(length, widths[-1])))] += n
-            # every record is read: a width's last batch is completed with weight-0 copies
-            steps = sum(-(-n // batch_size) for n in per_width.values())
-
-    if parallel_reads is None:
-        parallel_reads = 8 if is_remote(files[0]) else 1
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    if shuffle:
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        ds = ds.repeat()
-    compression = source.compression or ""
-    if parallel_reads > 1:
-        ds = ds.interleave(
-            lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
-            cycle_length=min(parallel_reads, len(files)),
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=not shuffle,
+    if len(source.shards) < pipelines:
+        raise RecordsError(
+            f"{len(source.shards)} shard(s) cannot feed {pipelines} input pipelines: each host"
+            f" reads whole files. Fix: write the records again with shard_records="
+            f"{max(1, (source.num_records or pipelines) // (4 * pipelines))} (4 shards per"
+            " host or more)."
         )
-    else:
-        ds = tf.data.TFRecordDataset(ds, compression_type=compression)
+    if source.num_records is None:
+        raise RecordsError(
+            f"{pipelines} input pipelines must all run the same number of steps, which needs"
+            " each shard's record count, and these files have no metadata. Fix: write them"
+            " with write_records, or open them with open_records(..., on_corrupt='skip'),"
+            " which counts the records of every shard."
+        )
 
-    def to_model(parsed, weights=None):
-        out = {}
-        for name, value in parsed.items():
-            if value.dtype == tf.int64:
-                value = tf.cast(value, tf.int32)
-            out[name] = value
-        if weights is None:
-            weights = tf.ones([batch_size], tf.float32)
+
+def _feature_parts(source: RecordSource, label_column: str | None):
+    """``(tf parse spec, variable-length names, key name)`` for reading ``source``."""
+    variable = [n for n, f in source.features.items() if f["shape"] == [None]]
+    key = ("input_ids" if "input_ids" in variable else variable[0]) if variable else None
+    return _spec_to_tf(source.features), variable, key
+
+
+def _batch_maker(source: RecordSource, rows: int, label_column: str | None):
+    """``(parse(records, width), filler(width))``: one op parses a batch of serialized
+    records and pads its variable-length features to ``width``; a short batch is completed
+    to ``rows`` with copies weighted 0. ``filler`` is a batch of weight-0 rows."""
+    import tensorflow as tf
+
+    spec, variable, key = _feature_parts(source, label_column)
+    tf_dtypes = _tf_dtypes()
+
+    def finish(out, weights):
+        out = {n: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for n, v in out.items()}
+        out = {n: tf.ensure_shape(v, [rows, *v.shape[1:]]) for n, v in out.items()}
+        weights = tf.ensure_shape(weights, [rows])
         if label_column is None:
             return out, weights
         labels = out.pop(label_column)
         return out, labels, weights
 
-    if not variable:
-        if shuffle:  # permute blocks of records: one vectorized op instead of one per record
-            ds = ds.batch(shuffle_buffer).map(lambda block: tf.random.shuffle(block, seed=seed))
-            ds = ds.rebatch(batch_size, drop_remainder=True)
-        else:
-            ds = ds.batch(batch_size, drop_remainder=True)
-        ds = ds.map(lambda r: to_model(tf.io.parse_example(r, tf_spec)), tf.data.AUTOTUNE)
-    else:
-        key = variable[0]
-        if shuffle:  # bucketing needs single records anyway
-            ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        ds = ds.batch(256).map(lambda r: tf.io.parse_example(r, tf_spec), tf.data.AUTOTUNE)
-        ds = ds.unbatch()
+    def parse(serialized, width):
+        parsed = tf.io.parse_example(serialized, spec)
+        out, lengths = {}, None
+        for name, value in parsed.items():
+            if name in variable:
+                if name == key:
+                    lengths = tf.minimum(value.row_lengths(), width)
+                value = value.to_tensor(shape=[None, width])
+            out[name] = value
+        if key is not None and "attention_mask" not in out:
+            out["attention_mask"] = tf.sequence_mask(lengths, width, dtype=tf.int32)
+        n = tf.shape(serialized)[0]
+        take = tf.range(rows) % n  # a short batch: copies of its rows, weight 0
+        out = {name: tf.gather(value, take) for name, value in out.items()}
+        return finish(out, tf.cast(tf.range(rows) < n, tf.float32))
 
-        def clip(example):
-            out = {n: (v[: widths[-1]] if n in variable else v) for n, v in example.items()}
-            out["_length"] = tf.shape(out[key])[0]
-            return out
+    def filler(width):
+        out = {}
+        for name, f in source.features.items():
+            shape = [rows] + ([width] if f["shape"] == [None] else list(f["shape"]))
+            dtype = tf_dtypes[f["dtype"]]
+            out[name] = tf.fill(shape, "") if dtype == tf.string else tf.zeros(shape, dtype)
+        if key is not None and "attention_mask" not in out:
+            # one visible position: a row that attends to nothing can give NaN in softmax
+            out["attention_mask"] = tf.one_hot(tf.zeros([rows], tf.int32), width, dtype=tf.int32)
+        return finish(out, tf.zeros([rows], tf.float32))
 
-        ds = ds.map(clip, tf.data.AUTOTUNE)
-        ds = ds.bucket_by_sequence_length(
-            lambda ex: tf.shape(ex[key])[0],
-            bucket_boundaries=[w + 1 for w in widths],
-            bucket_batch_sizes=[batch_size] * (len(widths) + 1),
-            pad_to_bucket_boundary=True,
-            drop_remainder=False,
+    return parse, filler
+
+
+def _epoch_seed(seed: int, salt: int, epoch, index=0):
+    """A stateless seed ``[2]`` for ``(seed, salt)`` in ``epoch`` at ``index``."""
+    import tensorflow as tf
+
+    base = (seed * 1_000_003 + salt) % 2**62
+    return tf.stack(
+        [tf.constant(base, tf.int64), tf.cast(epoch, tf.int64) * 2**32 + tf.cast(index, tf.int64)]
+    )
+
+
+def read_records(
+    source: str | Sequence[str] | RecordSource,
+    batch_size: int,
+    label_column: str | None = "label",
+    boundaries: Sequence[int] | None = None,
+    shuffle: bool = True,
+    seed: int | None = None,
+    shuffle_buffer: int = 8192,
+    parallel_reads: int | None = None,
+    input_context=None,
+    spec: Mapping | None = None,
+    on_corrupt: str = "raise",
+    repeat: bool = False,
+    epoch: int = 0,
+    skip_steps: int = 0,
+    shared_filesystem: bool = False,
+):
+    """A ``tf.data.Dataset`` of ``(features, labels, weights)`` batches of exactly
+    ``batch_size`` rows from TFRecord shards (see ``open_records`` for ``source``, ``spec``,
+    ``on_corrupt``); ``(features, weights)`` with ``label_column=None``. Every record is
+    read once per epoch with weight 1; the rows that complete a short batch are copies
+    weighted 0 (``fit`` takes weights as sample weights, ``CustomLoop`` as its third
+    element). Integers become int32.
+
+    Variable-length features are padded to one of ``boundaries`` per batch (from
+    ``text.choose_boundaries(record_lengths(...))``; default: the longest record), and an
+    ``attention_mask`` is added when the records have none. Each width reads its own
+    shards (``write_records`` groups records by length), so a batch of any width can be
+    made on any host: the step widths follow a schedule drawn from ``(seed, epoch)`` alone
+    (see ``plan_reads``). Batches of serialized records are parsed and padded in one op.
+
+    Shuffling, from ``(seed, epoch)`` with stateless random ops (the same epoch gives the
+    same order, so a resumed run with ``epoch`` and ``skip_steps`` sees the batches an
+    uninterrupted one would): the file order, the records in blocks of
+    ``shuffle_buffer`` (each block permuted in one op; a per-record shuffle buffer cost a
+    third of the throughput) and the order of the widths. Write shards from data that is not
+    sorted by label. ``seed=None``: a random seed (0 with several input pipelines, which
+    must agree).
+
+    ``parallel_reads``: files read at once (default 8 for ``gs://``-like paths, where each
+    read waits on the network; 1 for local ones). With ``input_context`` (from
+    ``strategy.distribute_datasets_from_function``) ``batch_size`` is per replica, each input
+    pipeline reads its own shards, yields one batch per local replica per step, all of one
+    width, and all pipelines run the same steps; the files must be on a bucket (or
+    ``shared_filesystem=True``). ``repeat`` goes on with epoch ``epoch + 1`` and so on.
+    The steps per epoch are on the dataset as ``steps`` (``None`` without record counts).
+    """
+    import tensorflow as tf
+
+    from tpu_helpers.storage import is_remote
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
+    if not isinstance(source, RecordSource):
+        source = open_records(source, spec=spec, on_corrupt=on_corrupt)
+    # 1. check
+    _check_for_reading(source, label_column)
+    if boundaries is not None:
+        boundaries = check_boundaries(boundaries)
+    pipelines, pipeline, local = 1, 0, 1
+    if input_context is not None:
+        pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
+        local = max(1, input_context.num_replicas_in_sync // pipelines)
+    _check_hosts(source, pipelines, shared_filesystem)
+    # 2. which shards this pipeline reads, and the steps of each width
+    plan = plan_reads(source, batch_size, boundaries, pipelines, local)
+    if plan.mixed and pipeline == 0:
+        print(
+            f"records: {len(plan.mixed)} shard(s) hold records of several widths (written"
+            " without length groups, or without metadata); their batches are padded to the"
+            f" widest of them. Fix: write the records again with write_records (groups by"
+            f" length). First: {plan.mixed[0]}"
         )
+    steps = plan.steps_per_epoch
+    if steps == 0:
+        raise ValueError(f"The records make no batch of {batch_size}. Fix: check the source.")
+    if seed is None:
+        seed = 0 if pipelines > 1 else int(np.random.SeedSequence().entropy % 2**31)
+    if parallel_reads is None:
+        parallel_reads = 8 if is_remote(source.shards[0].path) else 1
+    compression = source.compression or ""
+    parse, filler = _batch_maker(source, batch_size, label_column)
 
-        def with_mask(batch):
-            batch = dict(batch)
-            # a width's last batch is short: complete it with copies of its rows, weight 0,
-            # so that every record is read once and every batch has the static size
-            rows = tf.shape(batch["_length"])[0]
-            take = tf.range(batch_size) % rows
-            batch = {n: tf.gather(v, take) for n, v in batch.items()}
-            weights = tf.cast(tf.range(batch_size) < rows, tf.float32)
-            length = batch.pop("_length")
-            if "attention_mask" not in batch:
-                width = tf.shape(batch[key])[1]
-                batch["attention_mask"] = tf.sequence_mask(length, width, dtype=tf.int32)
-            batch = {
-                n: tf.ensure_shape(v, [batch_size] + [None] * (v.shape.rank - 1))
-                for n, v in batch.items()
-            }
-            return to_model(batch, weights)
+    # 3. per width: this pipeline's shards, shuffled, parsed and padded batch by batch
+    def width_batches(slot: int, e):
+        width = plan.widths[slot]
+        paths = plan.files[pipeline][slot]
+        wanted = None if plan.steps is None else int(plan.steps[slot]) * local
+        if not paths:
+            return tf.data.Dataset.from_tensors(filler(width)).repeat(wanted)
+        salt = (pipeline + 1) * 1000 + slot
+        names = tf.constant(list(paths))
+        if shuffle:
+            names = tf.random.experimental.stateless_shuffle(names, _epoch_seed(seed, salt, e))
+        files = tf.data.Dataset.from_tensor_slices(names)
+        if parallel_reads > 1 and len(paths) > 1:
+            ds = files.interleave(
+                lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+                cycle_length=min(parallel_reads, len(paths)),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
+        else:
+            ds = tf.data.TFRecordDataset(files, compression_type=compression)
+        if shuffle:  # permute blocks of records: one op per block, not one per record
+            ds = ds.batch(shuffle_buffer).enumerate()
+            ds = ds.map(
+                lambda k, block: tf.random.experimental.stateless_shuffle(
+                    block, _epoch_seed(seed, salt + 500, e, k)
+                )
+            )
+            ds = ds.rebatch(batch_size)
+        else:
+            ds = ds.batch(batch_size)
+        ds = ds.map(lambda r: parse(r, width), num_parallel_calls=tf.data.AUTOTUNE)
+        if wanted is not None:
+            have = -(-int(plan.counts[pipeline, slot]) // batch_size)
+            if wanted > have:
+                ds = ds.concatenate(
+                    tf.data.Dataset.from_tensors(filler(width)).repeat(wanted - have)
+                )
+        return ds
 
-        ds = ds.map(with_mask, tf.data.AUTOTUNE)
-    if steps is not None and not repeat:
-        if pipelines > 1 or steps_multiple > 1:
-            ds = ds.take(steps)
-        ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
+    # 4. one epoch: the widths in the order of the schedule, the same on every pipeline
+    def one_epoch(e):
+        parts = [width_batches(i, e) for i in range(len(plan.widths))]
+        if len(parts) == 1:
+            return parts[0]
+        order = tf.constant(plan.schedule(), tf.int64)
+        if shuffle:
+            order = tf.random.experimental.stateless_shuffle(order, _epoch_seed(seed, 0, e))
+        choice = tf.data.Dataset.from_tensor_slices(tf.repeat(order, local))
+        return tf.data.Dataset.choose_from_datasets(parts, choice)
+
+    # 5. epochs, resumption, counts and options
+    if repeat:
+        ds = tf.data.Dataset.range(epoch, 2**62).flat_map(one_epoch)
+    else:
+        ds = one_epoch(tf.constant(epoch, tf.int64))
+        if steps is not None:
+            ds = ds.apply(tf.data.experimental.assert_cardinality(steps * local))
+    if skip_steps:
+        ds = ds.skip(skip_steps * local)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.OFF
@@ -1133,17 +1327,17 @@ def read_records(
     )
     ds = ds.with_options(options).prefetch(tf.data.AUTOTUNE)
     ds.steps = steps
+    ds.plan = plan
     return ds
 
 
 def distribute_records(strategy, source, per_replica_batch: int, **kwargs):
-    """``read_records`` for every replica of ``strategy``. Returns ``(distributed dataset,
-    steps per epoch)``.
-
-    Fixed-shape records go through ``distribute_datasets_from_function``: each input
-    pipeline (host) reads its own shards and makes per-replica batches, and every pipeline
-    stops after the same number of steps. Variable-length records are read as global
-    batches that the strategy splits, so all replicas of a step share one width.
+    """``read_records`` for every replica of ``strategy``, through
+    ``distribute_datasets_from_function``: each input pipeline (host) reads its own shards
+    and makes the per-replica batches of its replicas, all replicas of a step share one
+    width, and every pipeline runs the same steps. Returns ``(distributed dataset, steps
+    per epoch)``. Takes ``read_records``' keyword arguments (``epoch``, ``skip_steps``,
+    ``boundaries``, ``seed``, ``shared_filesystem`` ...).
     """
     from tpu_helpers.text import global_batch_size
 
@@ -1152,22 +1346,17 @@ def distribute_records(strategy, source, per_replica_batch: int, **kwargs):
         source = open_records(
             source, spec=kwargs.pop("spec", None), on_corrupt=kwargs.pop("on_corrupt", "raise")
         )
-    if any(f["shape"] == [None] for f in source.features.values()):
-        ds = read_records(source, global_batch, **kwargs)
-        return strategy.experimental_distribute_dataset(ds), ds.steps
     steps = {}
 
     def dataset_fn(input_context):
-        local = strategy.num_replicas_in_sync // input_context.num_input_pipelines
         ds = read_records(
             source,
             input_context.get_per_replica_batch_size(global_batch),
             input_context=input_context,
-            steps_multiple=local,
             **kwargs,
         )
-        steps["per_pipeline"] = None if ds.steps is None else ds.steps // local
+        steps["per_epoch"] = ds.steps
         return ds
 
     dist = strategy.distribute_datasets_from_function(dataset_fn)
-    return dist, steps.get("per_pipeline")
+    return dist, steps.get("per_epoch")
