@@ -105,6 +105,18 @@ def test_the_same_step_gets_the_same_mask_and_epochs_differ(tokenizer, corpus):
     assert run[0][0]["input_ids"].shape == (8, 32) and run[0][2].dtype == tf.float32
 
 
+def test_rows_that_complete_a_short_record_batch_are_not_trained_on(tokenizer, corpus, tmp_path):
+    from tpu_helpers import records
+
+    blocks = _batch(tokenizer, corpus, rows=10, width=32)
+    records.write_records([{"input_ids": b} for b in blocks], str(tmp_path), progress=False)
+    batches = records.read_records(str(tmp_path), 8, label_column=None, shuffle=False)
+    (_, _, first), (_, _, last) = list(mlm.mask_batches(batches, tokenizer, seed=1))
+    # 10 blocks in batches of 8: the second batch has 2 blocks and 6 copies weighted 0
+    assert (first.numpy().sum(axis=1) > 0).all()
+    assert (last.numpy()[:2].sum(axis=1) > 0).all() and last.numpy()[2:].sum() == 0
+
+
 def test_a_tokenizer_without_a_mask_token_is_refused(tokenizer):
     from transformers import AutoTokenizer
 

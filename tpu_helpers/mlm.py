@@ -252,7 +252,8 @@ def mask_batches(
     """Mask a ``tf.data`` dataset of id batches (``[B, T]``, or a dict with ``input_ids``,
     or ``(features, weights)`` from ``records.read_records(..., label_column=None)``):
     ``({"input_ids"}, labels, weights)``, step ``i`` masked with
-    ``step_seed(seed, epoch, first_step + i)``. Pass ``first_step`` when resuming an epoch
+    ``step_seed(seed, epoch, first_step + i)``; rows that ``read_records`` weighted 0 (the
+    copies completing a short batch) get weight 0 at every position. Pass ``first_step`` when resuming an epoch
     after skipping the steps already done: the masks are the ones of the uninterrupted run.
     """
     import tensorflow as tf
@@ -276,6 +277,9 @@ def mask_batches(
             special,
             probability,
         )
+        if isinstance(element, tuple) and len(element) == 2:
+            # read_records' row weights: the copies completing a short batch count for 0
+            weights = weights * tf.cast(element[1], weights.dtype)[:, None]
         # every position of a packed block is a token: no attention_mask (models take all)
         return {"input_ids": masked}, labels, weights
 
