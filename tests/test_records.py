@@ -482,3 +482,79 @@ def test_a_hand_edited_metadata_file_is_named_with_its_entry(tmp_path, edit, mes
     path.write_text("{not json")
     with pytest.raises(RecordsError, match="is not valid JSON"):
         records.open_records(str(path))
+
+
+# --- several hosts: the plan every host derives alike ---------------------------------
+def _varied_rows(n=400, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        {"input_ids": [i + 1] + [5] * int(k - 1), "label": i % 2}
+        for i, k in enumerate(rng.integers(2, 60, n))
+    ]
+
+
+def test_shards_hold_one_length_group_each_and_the_plan_splits_them_evenly(tmp_path):
+    meta = records.write_records(_varied_rows(), str(tmp_path), shard_records=25, progress=False)
+    groups = [{-(-int(k) // 8) for k in s["lengths"]["input_ids"]} for s in meta["shards"]]
+    assert all(len(g) == 1 for g in groups)
+    # listed in length order, so a folder listing shows the groups in order
+    assert [min(g) for g in groups] == sorted(min(g) for g in groups)
+    source = records.open_records(str(tmp_path))
+    widths = [16, 32, 64]
+    plan = records.plan_reads(source, 8, widths, pipelines=3, local_replicas=2)
+    again = records.plan_reads(records.open_records(str(tmp_path)), 8, widths, 3, 2)
+    assert plan.files == again.files and (plan.steps == again.steps).all()
+    files = [set(p for paths in host for p in paths) for host in plan.files]
+    assert set().union(*files) == {s.path for s in source.shards}
+    assert sum(len(f) for f in files) == len(source.shards)  # disjoint
+    lengths = records.record_lengths(source)
+    per_width = np.bincount(np.searchsorted(widths, np.minimum(lengths, 64)), minlength=3)
+    assert (plan.counts.sum(axis=0) == per_width).all()
+    # each width's shards are spread as evenly as their sizes allow (at most one shard apart)
+    assert (plan.counts.max(axis=0) - plan.counts.min(axis=0) <= 25).all()
+    # the steps of a width are enough for the host with the most records of it
+    assert (plan.steps == np.ceil(np.ceil(plan.counts / 8) / 2).max(axis=0)).all()
+    assert 0 <= plan.filler_share < 0.5 and plan.shard_records_hint() >= 1
+
+
+def test_shards_that_span_widths_are_read_at_their_widest_and_named(tmp_path, capsys):
+    records.write_records(_varied_rows(), str(tmp_path), group_lengths=None, progress=False)
+    source = records.open_records(str(tmp_path))
+    plan = records.plan_reads(source, 8, [16, 32, 64])
+    assert plan.mixed == (source.shards[0].path,) and plan.counts.tolist() == [[0, 0, 400]]
+    ds = records.read_records(source, 8, boundaries=[16, 32, 64], shuffle=False)
+    assert "hold records of several widths" in capsys.readouterr().out
+    assert {int(f["input_ids"].shape[1]) for f, _, _ in ds} == {64}
+    assert sum(float(w.numpy().sum()) for _, _, w in ds) == 400
+
+
+def test_the_input_pipeline_is_tensorflow_ops_only(tmp_path):
+    from tpu_helpers import text
+
+    records.write_records(_varied_rows(), str(tmp_path), shard_records=25, progress=False)
+    rows = _varied_rows()
+    split = {
+        "input_ids": [r["input_ids"] for r in rows],
+        "length": [len(r["input_ids"]) for r in rows],
+        "label": [r["label"] for r in rows],
+    }
+    for ds in (
+        records.read_records(str(tmp_path), 8, boundaries=[16, 64], seed=1, repeat=True),
+        text.make_text_dataset(split, 8, [16, 64]),
+    ):
+        graph = ds._as_serialized_graph().numpy()
+        # a host of a pod slice runs the graph it is sent: no Python in it
+        assert b"PyFunc" not in graph and b"Generator" not in graph
+        assert b"TFRecordDataset" in graph or b"TensorSliceDataset" in graph
+
+
+def test_a_resumed_epoch_continues_with_the_same_batches(tmp_path):
+    records.write_records(_varied_rows(), str(tmp_path), shard_records=25, progress=False)
+
+    def firsts(**kw):
+        ds = records.read_records(str(tmp_path), 8, boundaries=[16, 32, 64], seed=3, **kw)
+        return [f["input_ids"].numpy()[:, 0].tolist() for f, _, _ in ds]
+
+    whole, again = firsts(epoch=1), firsts(epoch=1)
+    assert whole == again and firsts(epoch=1, skip_steps=5) == whole[5:]
+    assert firsts(epoch=2) != whole

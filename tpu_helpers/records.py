@@ -965,7 +965,7 @@ def record_lengths(source: RecordSource, feature: str = "input_ids") -> np.ndarr
 SHARED_SCHEMES = ("gs://", "s3://", "hdfs://", "az://", "abfs://", "http://", "https://")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReadPlan:
     """What every input pipeline (host) derives alike from the metadata, without talking
     to the others: the batch widths, which shards each pipeline reads for each width, and
@@ -989,6 +989,20 @@ class ReadPlan:
     @property
     def steps_per_epoch(self) -> int | None:
         return None if self.steps is None else int(self.steps.sum())
+
+    @property
+    def filler_share(self) -> float | None:
+        """Share of all rows of an epoch, over every pipeline, that are weight-0 fillers."""
+        if self.steps is None:
+            return None
+        rows = self.steps_per_epoch * self.local_replicas * self.batch_size * len(self.files)
+        return 1 - int(self.counts.sum()) / rows
+
+    def shard_records_hint(self) -> int:
+        """A ``shard_records`` for ``write_records`` that gives every pipeline about two
+        shards of each width (fewer fillers on many hosts)."""
+        per_width = self.counts.sum(axis=0)
+        return max(1, int(per_width[per_width > 0].min()) // (2 * len(self.files)))
 
     def schedule(self) -> np.ndarray:
         """Width index of each step, in width order (shuffled per epoch when reading)."""
@@ -1250,6 +1264,13 @@ def read_records(
             f" length). First: {plan.mixed[0]}"
         )
     steps = plan.steps_per_epoch
+    if pipelines > 1 and pipeline == 0 and plan.filler_share > 0.25:
+        print(
+            f"records: {plan.filler_share:.0%} of the rows of an epoch are weight-0 fillers:"
+            f" some widths have fewer shards than the {pipelines} hosts, whose steps the"
+            " others wait through. Fix: write the records with smaller shards"
+            f" (write_records(..., shard_records={plan.shard_records_hint()}))."
+        )
     if steps == 0:
         raise ValueError(f"The records make no batch of {batch_size}. Fix: check the source.")
     if seed is None:
