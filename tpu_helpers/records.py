@@ -12,11 +12,16 @@ complete. Shards are written by one process: at about 190,000 examples/s (CoLA p
 here, and forking after TensorFlow is loaded is unsafe) writing nearly a million examples,
 so parallel writing pays only for far larger data sets, split across separate jobs.
 
+Unpadded token sequences are written grouped by length: each shard holds records whose
+length rounds up to the same multiple of 8, so the padding widths can be chosen when
+training, and any width can be filled from its own shards.
+
 Reading (``read_records``) takes that metadata (or a folder, or files and a hand-written
-spec), shuffles the file order, interleaves the files, shuffles records, batches the raw
-records and parses each batch with one vectorized ``tf.io.parse_example``, and asserts
-the number of batches from the recorded counts. Variable-length token sequences are padded
-per batch to the narrowest of a few widths, chosen when training, not when writing.
+spec) and plans (``plan_reads``) which shards each input pipeline reads for each width and
+how many steps of each width every pipeline runs, from the metadata alone, so that the
+hosts of a pod slice agree without talking. Each width's shards are read, shuffled in
+blocks, batched raw and parsed and padded with one vectorized op per batch; a schedule of
+widths drawn from ``(seed, epoch)`` picks the width of every step.
 
 Every path goes through ``tf.io.gfile``: a local folder, ``gs://bucket/prefix`` or
 ``ram://`` all work.
