@@ -18,6 +18,8 @@ GOOD = {
     "transformers": "4.57.6",
     "datasets": "5.0.1",
     "huggingface-hub": "0.36.2",
+    "tensorboard": "2.21.0",
+    "tensorboard-plugin-profile": "2.24.2",
 }
 
 
@@ -90,9 +92,9 @@ def test_colab_tpu_without_tensorflow():
     )
     assert plan[0] == "pip install -q tensorflow-tpu==2.20.0 libtpu==0.0.20"
     assert "pip install -q --no-deps 'tf-keras~=2.20.0'" in plan
-    assert (
-        plan[-1] == "pip install -q transformers==4.57.6 'datasets>=4,<5.1' 'huggingface-hub<1.0'"
-    )
+    assert "pip install -q transformers==4.57.6 'datasets>=4,<5.1' 'huggingface-hub<1.0'" in plan
+    # TensorBoard of the TensorFlow just installed, with the profile plugin
+    assert plan[-1] == "pip install -q 'tensorboard~=2.20.0' tensorboard-plugin-profile==2.24.2"
     assert not any(c.startswith("pip uninstall") for c in plan)
 
 
@@ -106,13 +108,14 @@ def test_kaggle_tpu_with_tensorflow_cpu_swaps_the_build_for_the_one_known_to_loa
             **{"tensorflow-cpu": "2.18.0", "tf-keras": "2.18.0"},
             transformers="4.57.6",
             datasets="4.0.0",
-            **{"huggingface-hub": "0.36.0"},
+            **{"huggingface-hub": "0.36.0", "tensorboard": "2.18.0"},
         )
     )
     assert plan == [
         "pip uninstall -y tensorflow-cpu",
         "pip install -q tensorflow-tpu==2.20.0 libtpu==0.0.20",
         "pip install -q --no-deps 'tf-keras~=2.20.0'",
+        "pip install -q tensorboard-plugin-profile==2.24.2",  # TensorBoard itself is there
     ]
 
 

@@ -16,7 +16,7 @@ STACK="${STACK:-cpu}"
 # The pins of requirements.txt that are not the TensorFlow / Hugging Face stack: test and
 # notebook tooling, which a Colab image has in some version anyway.
 tooling_requirements() {
-  grep -v -E '^(tensorflow|tf-keras|transformers|tokenizers|datasets|huggingface-hub)==' \
+  grep -v -E '^(tensorflow|tf-keras|tensorboard|tensorboard-plugin-profile|transformers|tokenizers|datasets|huggingface-hub)==' \
     requirements.txt
 }
 

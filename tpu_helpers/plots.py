@@ -27,3 +27,20 @@ def plot_history(history: dict, title: str = "training"):
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def short_name(name: str) -> str:
+    """A checkpoint or data set as a title shows it: hub ids as they are, paths (local,
+    ``gs://``) by their last component, so no title carries a machine's folders.
+
+    >>> short_name("/home/me/build/fixtures/tiny-vit"), short_name("gs://b/data/beans/")
+    ('tiny-vit', 'beans')
+    >>> short_name("google/vit-base-patch16-224")
+    'google/vit-base-patch16-224'
+    """
+    import os
+
+    text = str(name)
+    if "://" in text or os.path.isabs(text) or text.startswith((".", "~")):
+        return text.rstrip("/").rsplit("/", 1)[-1] or text
+    return text

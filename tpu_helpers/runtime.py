@@ -29,6 +29,8 @@ STACK = (
     "datasets",
     "huggingface-hub",
     "libtpu",
+    "tensorboard",
+    "tensorboard-plugin-profile",
 )
 
 TRANSFORMERS_PIN = "transformers==4.57.6"
@@ -48,6 +50,8 @@ TENSORFLOW_TPU_PIN = "tensorflow-tpu==2.20.0"
 #: 2025-08-01, 0.0.21 on 2025-08-15). Checked on CPU, without TPU hardware: 0.0.14 to
 #: 0.0.31 load, 0.0.32 to 0.0.52 abort.
 LIBTPU_PIN = "libtpu==0.0.20"
+#: TensorBoard's profile tab (``observe.capture_profile`` writes what it reads).
+PROFILE_PLUGIN_PIN = "tensorboard-plugin-profile==2.24.2"
 #: libtpu releases that load with ``tensorflow-tpu`` 2.20 (first and last, inclusive).
 LIBTPU_KNOWN_GOOD = ((0, 0, 14), (0, 0, 31))
 
@@ -189,7 +193,8 @@ def install_commands(facts: RuntimeFacts) -> list[str]:
     A plain machine gets nothing: it installs ``requirements.txt`` itself. Colab, Kaggle
     and TPU VMs get what they lack: a TensorFlow build for the accelerator, a tf-keras of
     TensorFlow's minor version (installed ``--no-deps`` so it never replaces a special TF
-    build), transformers < 5 and a datasets / huggingface-hub pair that agree.
+    build), transformers < 5 and a datasets / huggingface-hub pair that agree, and
+    TensorBoard with its profile plugin.
 
     >>> install_commands(RuntimeFacts(platform="local"))
     []
@@ -234,6 +239,16 @@ def install_commands(facts: RuntimeFacts) -> list[str]:
         hugging_face += [shlex.quote(DATASETS_SPEC), shlex.quote(HUB_SPEC)]
     if hugging_face:
         commands.append(f"{pip} {' '.join(hugging_face)}")
+
+    # TensorBoard (tf.summary needs it to write logs) of TensorFlow's minor version, and
+    # its profile plugin, where the runtime lacks them
+    board = []
+    if tf_minor and not dists.get("tensorboard"):
+        board.append(shlex.quote(f"tensorboard~={tf_minor[0]}.{tf_minor[1]}.0"))
+    if not dists.get("tensorboard-plugin-profile"):
+        board.append(PROFILE_PLUGIN_PIN)
+    if board:
+        commands.append(f"{pip} {' '.join(board)}")
     return commands
 
 
@@ -248,6 +263,8 @@ _MODULES = {
     "datasets": "datasets",
     "huggingface-hub": "huggingface_hub",
     "libtpu": "tensorflow",  # loaded by TensorFlow's TPU build, never imported by name
+    "tensorboard": "tensorboard",
+    "tensorboard-plugin-profile": "tensorboard_plugin_profile",
 }
 
 

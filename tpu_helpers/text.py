@@ -352,6 +352,7 @@ def make_text_dataset(
     input_context=None,
     skip_steps: int = 0,
     num_labels: int | None = None,
+    transform=None,
 ):
     """A ``tf.data.Dataset`` of ``({"input_ids", "attention_mask"}, labels, weights)``.
 
@@ -371,6 +372,8 @@ def make_text_dataset(
 
     Labels are checked once, here: missing, fractional, negative (GLUE test splits carry
     -1) or, with ``num_labels``, too large values raise ``ValueError`` with the row.
+    ``transform`` (a function of the dataset, such as ``observe.CompileWatch.watch``) is
+    applied to the batches before prefetching.
     """
     import tensorflow as tf
 
@@ -416,6 +419,8 @@ def make_text_dataset(
 
     ds = tf.data.Dataset.from_tensor_slices((indices, widths, weights))
     ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if transform is not None:
+        ds = transform(ds)
     ds = ds.prefetch(tf.data.AUTOTUNE)
     ds.steps_per_epoch = len(plans[0][0])
     return ds
@@ -455,7 +460,8 @@ def distribute_text_dataset(
     """``make_text_dataset`` for every replica of ``strategy``, through
     ``strategy.distribute_datasets_from_function``. Returns ``(dataset, steps_per_epoch)``.
 
-    Accepts ``make_text_dataset``'s keyword arguments (shuffle, seed, epochs, label_column).
+    Accepts ``make_text_dataset``'s keyword arguments (shuffle, seed, epochs, label_column,
+    skip_steps, transform).
     """
     global_batch = global_batch_size(per_replica_batch, strategy.num_replicas_in_sync)
     steps = count_steps(split["length"], boundaries, global_batch)

@@ -209,6 +209,7 @@ class CustomLoop:
         valid_steps: int = 0,
         checkpoint_every: int | None = None,
         log: Callable[[str], None] = print,
+        training_log=None,
     ) -> list[dict]:
         """Train to ``epochs`` epochs, resuming from the latest checkpoint.
 
@@ -216,8 +217,12 @@ class CustomLoop:
         epoch, starting ``skip_steps`` steps in; it must be deterministic for a given epoch
         so that a resumed run sees the batches an uninterrupted one would.
         A checkpoint is written every ``checkpoint_every`` steps (default: each epoch end).
-        Returns one dict of metrics per epoch trained in this call.
+        ``training_log`` (an ``observe.TrainingLog``) gets each epoch's metrics, learning
+        rate and rates for TensorBoard. Returns one dict of metrics per epoch trained in
+        this call.
         """
+        import time
+
         import tensorflow as tf
 
         checkpoint_every = checkpoint_every or steps_per_epoch
@@ -225,6 +230,7 @@ class CustomLoop:
         history = []
         for epoch in range(start // steps_per_epoch, epochs):
             done = self.step - epoch * steps_per_epoch
+            started, steps_before = time.perf_counter(), done
             iterator = iter(train_dataset_fn(epoch, done))
             self.train_loss.reset_state()
             self.train_accuracy.reset_state()
@@ -254,8 +260,17 @@ class CustomLoop:
                 "loss": float(self.train_loss.result()),
                 "accuracy": float(self.train_accuracy.result()),
             }
+            seconds = time.perf_counter() - started
             if valid_dataset is not None and valid_steps:
                 row.update(self.evaluate(valid_dataset, valid_steps))
+            if training_log is not None:
+                from tpu_helpers.observe import _learning_rate
+
+                # a resumed epoch ran only part of its steps: scale the rates to them
+                share = (steps_per_epoch - steps_before) / steps_per_epoch
+                training_log.write(
+                    epoch, row, seconds / share if share else None, _learning_rate(self.optimizer)
+                )
             log(
                 " ".join(
                     f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()

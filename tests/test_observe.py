@@ -1,0 +1,152 @@
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_helpers import observe
+
+
+def _tiny_model(hidden=4, layers=0, lr=0.01):
+    inputs = tf.keras.Input([8])
+    x = inputs
+    for _ in range(layers):
+        x = tf.keras.layers.Dense(hidden, activation="relu")(x)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(x))
+    model.compile(
+        optimizer=tf.keras.optimizers.SGD(lr),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def _xy(n=64, batch=16):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 8)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+
+
+def test_fit_writes_loss_learning_rate_and_rates_per_epoch(tmp_path):
+    schedule = tf.keras.optimizers.schedules.PolynomialDecay(0.1, 12, 0.01)
+    model = _tiny_model(lr=schedule)
+    log = observe.TrainingLog(
+        str(tmp_path / "logs"), examples_per_epoch=64, real_tokens_per_epoch=512
+    )
+    history = model.fit(
+        _xy(), validation_data=_xy(32), epochs=3, verbose=0, callbacks=[log.callback()]
+    )
+    train, valid = log.scalars("train"), log.scalars("validation")
+    # each run in a folder of its own under the log folder (a curve of its own)
+    assert log.run_dir.startswith(str(tmp_path / "logs") + "/")
+    assert [s for s, _ in train["loss"]] == [1, 2, 3]
+    np.testing.assert_allclose([v for _, v in train["loss"]], history.history["loss"], rtol=1e-6)
+    np.testing.assert_allclose(
+        [v for _, v in valid["loss"]], history.history["val_loss"], rtol=1e-6
+    )
+    # the schedule at the step each epoch ended on: 4, 8, 12 steps
+    np.testing.assert_allclose(
+        [v for _, v in train["learning_rate"]], [float(schedule(s)) for s in (4, 8, 12)], rtol=1e-5
+    )
+    seconds = [v for _, v in train["epoch_seconds"]]
+    np.testing.assert_allclose(
+        [v for _, v in train["examples_per_second"]], [64 / s for s in seconds], rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        [v for _, v in train["real_tokens_per_second"]], [512 / s for s in seconds], rtol=1e-5
+    )
+
+
+def test_a_ram_bucket_takes_the_logs_too():
+    log = observe.TrainingLog("ram://observe-test/logs", run="first")
+    log.write(0, {"loss": 0.5, "val_loss": 0.7}, seconds=2.0, learning_rate=0.1)
+    assert observe.read_scalars("ram://observe-test/logs/first")["loss"] == [(1, 0.5)]
+    [(step, value)] = log.scalars("validation")["loss"]
+    assert step == 1 and value == pytest.approx(0.7)
+    assert log.scalars()["learning_rate"] == [(1, pytest.approx(0.1))]
+
+
+def test_outside_colab_and_kaggle_the_command_is_printed(capsys, monkeypatch):
+    monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
+    assert observe.show_tensorboard("/tmp/x") == "command"
+    assert "tensorboard --logdir /tmp/x" in capsys.readouterr().out
+
+
+def _slow(x, y):
+    # a slow input step, as a heavy map (decoding, tokenizing) is
+    def wait(t):
+        time.sleep(0.02)
+        return t
+
+    return tf.py_function(wait, [x], tf.float32), y
+
+
+def test_a_slow_map_is_found_input_bound():
+    ds = _xy(n=4096, batch=8).repeat().map(_slow)
+    ds = ds.map(lambda x, y: (tf.ensure_shape(x, [8, 8]), y))
+    report = observe.input_bound_check(_tiny_model(), ds, steps=15)
+    assert report.verdict == "input-bound", str(report)
+    assert report.input_per_second < 60 and report.step_per_second > 2 * report.input_per_second
+    assert "records.write_records" in str(report) and "input-bound" in str(report)
+
+
+def test_a_heavy_model_on_fast_input_is_found_compute_bound():
+    x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+    ds = tf.data.Dataset.from_tensors((x, np.zeros(256, "int32"))).repeat()
+    model = _tiny_model(hidden=1024, layers=3)
+    before = [w.copy() for w in model.get_weights()]
+    report = observe.input_bound_check(model, ds, steps=10)
+    assert report.verdict == "compute-bound", str(report)
+    assert report.input_per_second > 3 * report.step_per_second
+    # the check trained, and put every weight back
+    for a, b in zip(before, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_new_width_after_the_expected_ones_is_reported(tmp_path):
+    widths = [8, 8, 16, 8, 16, 16, 24, 8]
+    ds = tf.data.Dataset.from_tensor_slices(tf.constant(widths)).map(
+        lambda w: ({"input_ids": tf.zeros([4, w], tf.int32)}, tf.zeros([4], tf.int32))
+    )
+    watch = observe.CompileWatch(str(tmp_path), expected=2)
+    out = [w for w in watch.watch(ds)]
+    assert len(out) == len(widths)  # the batches pass unchanged
+    assert [int(f["input_ids"].shape[1]) for f, _ in out] == widths
+    events = watch.events()
+    assert [(e["element"], e["expected"]) for e in events] == [(0, True), (2, True), (6, False)]
+    lines = watch.report()
+    assert "element 6" in lines[-1] and "input_ids=[4 24] labels=[4]" in lines[-1]
+    assert "UNEXPECTED" in lines[-1] and '"' not in lines[-1]
+    assert watch.report() == []  # reported once
+
+
+def test_a_profile_of_a_few_steps_is_written(tmp_path):
+    model = _tiny_model()
+    files = observe.capture_profile(str(tmp_path), observe.keras_step(model, _xy()), steps=3)
+    assert any(f.endswith(".xplane.pb") for f in files), files
+    assert all(tf.io.gfile.stat(f).length > 0 for f in files)
+
+
+def test_the_check_needs_a_compiled_model():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="Compile the model first"):
+        observe.input_bound_check(model, _xy())
+
+
+def test_the_custom_loop_writes_the_same_scalars(tmp_path):
+    from tpu_helpers.training import CustomLoop
+
+    strategy = tf.distribute.get_strategy()
+    model = _tiny_model()
+    optimizer = tf.keras.optimizers.SGD(tf.keras.optimizers.schedules.PolynomialDecay(0.1, 8, 0.0))
+    data = _xy().map(lambda x, y: (x, y, tf.ones([16])))
+    loop = CustomLoop(strategy, model, optimizer, 16)
+    log = observe.TrainingLog(str(tmp_path), examples_per_epoch=64)
+    history = loop.fit(lambda e, s: data.skip(s), 4, epochs=2, log=lambda m: None, training_log=log)
+    train = log.scalars()
+    np.testing.assert_allclose(
+        [v for _, v in train["loss"]], [h["loss"] for h in history], rtol=1e-6
+    )
+    assert [round(v, 6) for _, v in train["learning_rate"]] == [0.05, 0.0]
+    assert all(v > 0 for _, v in train["examples_per_second"])

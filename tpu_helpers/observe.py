@@ -1,0 +1,489 @@
+"""Where the time of a training job goes.
+
+* ``TrainingLog``: TensorBoard scalars per epoch (loss, metrics, learning rate, examples/s,
+  real tokens/s) from ``fit`` (a Keras callback) or from ``CustomLoop.fit``, into a local
+  folder, ``gs://`` or ``ram://``; ``show_tensorboard`` opens the dashboard inline where
+  the runtime has the ``%tensorboard`` magic (Colab, Kaggle) and prints the command
+  otherwise.
+* ``input_bound_check``: the input pipeline alone, the training step alone on cached
+  batches, and the two together, with a verdict and the fix that fits it.
+* ``CompileWatch``: reports each new input shape after the first steps: under XLA (a TPU,
+  or ``jit_compile=True``) every new shape is a new compilation.
+* ``capture_profile``: a profile of a few training steps (``tf.profiler``; on a TPU VM the
+  TPU's own trace) for TensorBoard's profile tab.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import tpu_helpers._env  # noqa: F401
+
+
+# --- TensorBoard logs ----------------------------------------------------------------
+def _learning_rate(optimizer) -> float | None:
+    """The optimizer's current learning rate (a schedule evaluated at its step)."""
+    import tensorflow as tf
+
+    if optimizer is None:
+        return None
+    rate = getattr(optimizer, "_learning_rate", None)
+    if rate is None:
+        rate = getattr(optimizer, "learning_rate", getattr(optimizer, "lr", None))
+    if isinstance(rate, tf.keras.optimizers.schedules.LearningRateSchedule):
+        rate = rate(optimizer.iterations)
+    try:
+        return float(tf.keras.backend.get_value(rate))
+    except (TypeError, ValueError):
+        return None
+
+
+class TrainingLog:
+    """Per-epoch TensorBoard scalars under ``log_dir/<run>/train`` and ``.../validation``
+    (``run``: a time stamp unless given, so each run is a curve of its own in TensorBoard).
+
+    ``examples_per_epoch`` and ``real_tokens_per_epoch`` (the examples and the non-padding
+    tokens one epoch trains on, e.g. ``len(split)`` and ``sum(split["length"])``) turn the
+    epoch's wall time into examples/s and real tokens/s. ``log_dir`` is any
+    ``tf.io.gfile`` path. As a Keras callback: ``model.fit(..., callbacks=[log.callback()])``;
+    ``CustomLoop.fit(..., training_log=log)`` writes the same scalars.
+    """
+
+    def __init__(
+        self,
+        log_dir: str,
+        examples_per_epoch: int | None = None,
+        real_tokens_per_epoch: int | None = None,
+        run: str | None = None,
+    ):
+        import tensorflow as tf
+
+        self.log_dir = str(log_dir).rstrip("/")
+        self.run = run or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+        self.run_dir = f"{self.log_dir}/{self.run}"
+        self.examples_per_epoch = examples_per_epoch
+        self.real_tokens_per_epoch = real_tokens_per_epoch
+        tf.io.gfile.makedirs(self.run_dir)
+        self._writers = {
+            part: tf.summary.create_file_writer(f"{self.run_dir}/{part}")
+            for part in ("train", "validation")
+        }
+
+    def scalars(self, part: str = "train") -> dict[str, list[tuple[int, float]]]:
+        """What this run wrote so far (``read_scalars`` of its folder)."""
+        return read_scalars(self.run_dir, part)
+
+    def write(
+        self,
+        epoch: int,
+        logs: Mapping[str, float],
+        seconds: float | None = None,
+        learning_rate: float | None = None,
+    ) -> dict:
+        """Write one epoch (0-based ``epoch``, shown as step ``epoch + 1``); return the
+        scalars written, by run."""
+        import tensorflow as tf
+
+        scalars: dict[str, dict[str, float]] = {"train": {}, "validation": {}}
+        if isinstance(logs, Mapping) is False:
+            raise TypeError(f"logs must be a mapping of metric names to numbers, not {logs!r}")
+        for key, value in logs.items():
+            if value is None or isinstance(value, str):
+                continue
+            if key.startswith("val_"):
+                scalars["validation"][key[4:]] = float(value)
+            elif key not in ("epoch", "step"):
+                scalars["train"][key] = float(value)
+        if learning_rate is not None:
+            scalars["train"]["learning_rate"] = float(learning_rate)
+        if seconds and seconds > 0:
+            scalars["train"]["epoch_seconds"] = float(seconds)
+            if self.examples_per_epoch:
+                scalars["train"]["examples_per_second"] = self.examples_per_epoch / seconds
+            if self.real_tokens_per_epoch:
+                scalars["train"]["real_tokens_per_second"] = self.real_tokens_per_epoch / seconds
+        for part, values in scalars.items():
+            if not values:
+                continue
+            with self._writers[part].as_default(step=epoch + 1):
+                for name, value in values.items():
+                    tf.summary.scalar(name, value)
+            self._writers[part].flush()
+        return scalars
+
+    def callback(self):
+        """A Keras callback that writes each epoch's logs, learning rate and rates."""
+        import tensorflow as tf
+
+        log = self
+
+        class _Callback(tf.keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                self._start = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                seconds = time.perf_counter() - self._start
+                rate = _learning_rate(getattr(self.model, "optimizer", None))
+                log.write(epoch, logs or {}, seconds, rate)
+
+        return _Callback()
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+
+
+def read_scalars(run_dir: str, part: str = "train") -> dict[str, list[tuple[int, float]]]:
+    """The scalars of ``run_dir/part`` as ``{name: [(step, value), ...]}`` (no TensorBoard
+    needed): what the dashboard would plot."""
+    import tensorflow as tf
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    pattern = f"{str(run_dir).rstrip('/')}/{part}/events.out.tfevents.*"
+    for path in sorted(tf.io.gfile.glob(pattern)):
+        for raw in tf.data.TFRecordDataset(path):
+            event = tf.compat.v1.Event.FromString(raw.numpy())
+            for value in event.summary.value:
+                number = (
+                    float(tf.make_ndarray(value.tensor))
+                    if value.HasField("tensor")
+                    else value.simple_value
+                )
+                out.setdefault(value.tag, []).append((int(event.step), number))
+    return out
+
+
+def show_tensorboard(log_dir: str) -> str:
+    """Open TensorBoard on ``log_dir`` inline where the runtime has the ``%tensorboard``
+    magic (Colab, Kaggle); elsewhere print the command. Returns what was done."""
+    hosted = "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ
+    command = f"tensorboard --logdir {log_dir}"
+    if hosted:
+        try:
+            from IPython import get_ipython
+
+            shell = get_ipython()
+            if shell is not None:
+                shell.run_line_magic("load_ext", "tensorboard")
+                shell.run_line_magic("tensorboard", f"--logdir {log_dir}")
+                return "inline"
+        except Exception as err:  # noqa: BLE001  (the magic is a convenience; say why)
+            print(f"TensorBoard could not open inline ({err}); run: {command}")
+            return "command"
+    print(f"TensorBoard: run `{command}` and open http://localhost:6006")
+    return "command"
+
+
+# --- input-bound or compute-bound ------------------------------------------------------
+@dataclass(frozen=True)
+class InputBoundReport:
+    """Batches per second of the input pipeline alone, of the training step alone (on
+    cached batches) and of the two together, and what they mean."""
+
+    input_per_second: float
+    step_per_second: float
+    together_per_second: float
+    steps: int
+
+    @property
+    def verdict(self) -> str:
+        if self.input_per_second < self.step_per_second:
+            return "input-bound"
+        if self.input_per_second < 1.5 * self.step_per_second:
+            return "balanced"
+        return "compute-bound"
+
+    @property
+    def advice(self) -> str:
+        if self.verdict == "compute-bound":
+            return (
+                "the step is what takes the time: fewer padding tokens (text.choose_boundaries,"
+                " records' bucketed widths), bf16 (mixed_bfloat16), or a larger per-replica"
+                " batch to fill the chip; the input has headroom"
+            )
+        return (
+            "feed it faster: tokenize or decode once and stream TFRecord shards"
+            " (records.write_records, read_records), .cache() a data set that fits in host"
+            " memory, parallel_reads=8 for files on a bucket, decode JPEGs at a reduced size"
+            " (images.ImageSpec with decode_size), and more steps_per_execution so the host"
+            " starts fewer calls"
+        )
+
+    def __str__(self) -> str:
+        return (
+            f"{self.verdict}: the pipeline delivers {self.input_per_second:,.0f} batches/s, the"
+            f" step needs {self.step_per_second:,.0f} (on cached batches); together"
+            f" {self.together_per_second:,.0f} batches/s over {self.steps} steps. Try: {self.advice}."
+        )
+
+
+def _distributed(model, dataset):
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+    if isinstance(dataset, tf.data.Dataset):
+        return strategy.experimental_distribute_dataset(dataset)
+    return dataset
+
+
+def _snapshot(model):
+    variables = list(model.variables)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        variables += list(
+            optimizer.variables() if callable(optimizer.variables) else optimizer.variables
+        )
+    return [(v, v.numpy()) for v in variables]
+
+
+def _timed(fn, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        out = fn()
+    if out is not None:
+        import tensorflow as tf
+
+        tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)
+    return time.perf_counter() - start
+
+
+def input_bound_check(model, dataset, steps: int = 30, cached_batches: int = 8) -> InputBoundReport:
+    """Measure where a compiled Keras ``model``'s training time goes on ``dataset`` (the
+    dataset ``fit`` would get: a ``tf.data.Dataset`` of global batches, or a distributed
+    one).
+
+    1. the input pipeline alone: ``steps`` batches pulled inside a ``tf.function``;
+    2. the training step alone: ``model``'s own train function on ``cached_batches``
+       batches held in memory, repeated (each shape compiled before timing);
+    3. both together: the train function on the dataset, as ``fit`` runs it.
+
+    The model's and optimizer's variables are restored afterwards: the check trains, but
+    leaves no trace. Batches per second count ``steps_per_execution`` steps per call.
+    """
+    import tensorflow as tf
+
+    if not getattr(model, "optimizer", None) or not getattr(model, "compiled_loss", True):
+        raise ValueError("Compile the model first (model.compile(...)): the check runs its step.")
+    per_call = getattr(model, "_steps_per_execution", None)
+    per_call = int(per_call.numpy()) if per_call is not None else 1
+    dist = _distributed(model, dataset)
+
+    @tf.function
+    def pull(iterator, n):
+        for _ in tf.range(n):
+            next(iterator)  # stateful: runs although its value is not used
+        return n
+
+    iterator = iter(dist)
+    pull(iterator, tf.constant(2))  # start the pipeline and trace
+    input_seconds = _timed(lambda: pull(iterator, tf.constant(steps)), 1)
+
+    train = model.make_train_function(force=True)
+    saved = _snapshot(model)
+    try:
+        cached = (
+            dataset.take(cached_batches).cache().repeat()
+            if isinstance(dataset, tf.data.Dataset)
+            else None
+        )
+        if cached is not None:
+            cached_iter = iter(_distributed(model, cached))
+            for _ in range(cached_batches):  # fills the cache, compiles every shape in it
+                train(cached_iter)
+            calls = max(1, steps // per_call)
+            step_seconds = _timed(lambda: train(cached_iter), calls)
+        else:
+            calls, step_seconds = 0, 0.0
+        live = iter(dist)
+        train(live)  # the first call of a fresh iterator starts its pipeline
+        calls_live = max(1, steps // per_call)
+        together_seconds = _timed(lambda: train(live), calls_live)
+    finally:
+        for variable, value in saved:
+            variable.assign(value)
+    step_rate = calls * per_call / step_seconds if step_seconds else float("nan")
+    return InputBoundReport(
+        input_per_second=steps / input_seconds,
+        step_per_second=step_rate,
+        together_per_second=calls_live * per_call / together_seconds,
+        steps=steps,
+    )
+
+
+# --- recompilation watch ---------------------------------------------------------------
+class CompileWatch:
+    """Report each new input shape after the first steps: under XLA each is a new program.
+
+    ``train = watch.watch(train_dataset)`` passes every batch through unchanged (TensorFlow
+    ops only: a ``scan`` keeps the shapes seen so far) and appends one line per new shape
+    to ``watch.path``; ``watch.callback()`` in ``fit`` prints the lines as they come, and
+    ``watch.events()`` returns them. ``expected`` shapes (the widths you chose) are
+    announced as expected; any shape beyond them is the recompilation trap of notebook 05.
+    """
+
+    def __init__(self, log_dir: str, expected: int | None = None, capacity: int = 256):
+        import tensorflow as tf
+
+        self.expected = expected
+        self.capacity = capacity
+        tf.io.gfile.makedirs(str(log_dir))
+        self.path = f"{str(log_dir).rstrip('/')}/new-shapes-{uuid.uuid4().hex[:8]}.txt"
+        self._read = 0
+
+    def watch(self, dataset):
+        import tensorflow as tf
+
+        flat_specs = tf.nest.flatten(dataset.element_spec)
+        ranks = [spec.shape.rank for spec in flat_specs]
+        width = sum(ranks)
+        names = _leaf_names(dataset.element_spec)
+        capacity = self.capacity
+        initial = (
+            tf.constant(0, tf.int64),
+            tf.fill([capacity, width], tf.constant(-1, tf.int64)),
+            tf.constant(0, tf.int64),
+        )
+
+        def step(state, element):
+            index, seen, count = state
+            flat = tf.nest.flatten(element)
+            key = tf.concat([tf.shape(t, out_type=tf.int64) for t in flat], axis=0)
+            new = tf.logical_not(tf.reduce_any(tf.reduce_all(tf.equal(seen, key[None]), axis=1)))
+            shapes = tf.strings.reduce_join(
+                [
+                    tf.strings.format(name + "={}", tf.shape(t))
+                    for name, t in zip(names, flat, strict=True)
+                ],
+                separator=" ",
+            )
+
+            def record():
+                line = tf.strings.join(
+                    [tf.strings.as_string(index), tf.strings.as_string(count + 1), shapes], "\t"
+                )
+                printed = tf.print(line, output_stream=f"file://{self.path}")
+                with tf.control_dependencies([printed]):
+                    return (
+                        tf.tensor_scatter_nd_update(
+                            seen, [[tf.minimum(count, capacity - 1)]], key[None]
+                        ),
+                        count + 1,
+                    )
+
+            seen, count = tf.cond(new, record, lambda: (seen, count))
+            return (index + 1, seen, count), element
+
+        return dataset.scan(initial, step)
+
+    def events(self) -> list[dict]:
+        """Every new shape so far: ``{"element", "shapes_so_far", "shapes", "expected"}``;
+        ``element`` counts the watched dataset's elements from 0 (per-replica batches when
+        it feeds a strategy's replicas, so a step is ``element // replicas_per_host``)."""
+        import tensorflow as tf
+
+        if not tf.io.gfile.exists(self.path):
+            return []
+        with tf.io.gfile.GFile(self.path) as f:
+            lines = [line.rstrip("\n") for line in f if line.strip()]
+        out = []
+        for line in lines:
+            element, so_far, shapes = line.split("\t", 2)
+            n = int(so_far)
+            out.append(
+                {
+                    "element": int(element),
+                    "shapes_so_far": n,
+                    "shapes": shapes,
+                    "expected": self.expected is None or n <= self.expected,
+                }
+            )
+        return out
+
+    def report(self, new_only: bool = True) -> list[str]:
+        """Lines for the events not reported yet (all with ``new_only=False``)."""
+        events = self.events()
+        start = self._read if new_only else 0
+        self._read = len(events)
+        lines = []
+        for e in events[start:]:
+            what = (
+                "expected"
+                if e["expected"]
+                else f"UNEXPECTED (more than the {self.expected} expected): XLA compiles again"
+            )
+            lines.append(
+                f"element {e['element']}: new input shape #{e['shapes_so_far']} {e['shapes']} ({what})"
+            )
+        return lines
+
+    def callback(self, log: Callable[[str], None] = print):
+        import tensorflow as tf
+
+        watch = self
+
+        class _Callback(tf.keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                for line in watch.report():
+                    log(line)
+
+        return _Callback()
+
+
+def _leaf_names(spec) -> list[str]:
+    """Names of the leaves of an element spec, in ``tf.nest.flatten`` order."""
+    top = ("features", "labels", "weights")
+
+    def walk(node, name):
+        if isinstance(node, Mapping):
+            return [leaf for key in sorted(node) for leaf in walk(node[key], str(key))]
+        if isinstance(node, (tuple, list)):
+            return [
+                leaf
+                for i, item in enumerate(node)
+                for leaf in walk(item, f"{name}[{i}]" if name else (top[i] if i < 3 else f"[{i}]"))
+            ]
+        return [name or "x"]
+
+    return walk(spec, "")
+
+
+# --- profile ---------------------------------------------------------------------------
+def capture_profile(log_dir: str, run_step: Callable[[], object], steps: int = 5) -> list[str]:
+    """Profile ``steps`` calls of ``run_step`` (one training step, or one
+    ``steps_per_execution`` call) into ``log_dir`` for TensorBoard's profile tab; return the
+    files written. On a TPU VM the same call records the TPU's own trace.
+
+    Each call is marked as a step (``tf.profiler.experimental.Trace(step_num=...)``), so
+    the profile's overview splits step time into input, compute and idle.
+    """
+    import tensorflow as tf
+
+    run_step()  # compile outside the profile: the profile shows steady steps
+    before = set(tf.io.gfile.glob(f"{str(log_dir).rstrip('/')}/plugins/profile/*/*"))
+    tf.profiler.experimental.start(str(log_dir))
+    try:
+        for step in range(steps):
+            with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
+                out = run_step()
+                tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)
+    finally:
+        tf.profiler.experimental.stop()
+    after = set(tf.io.gfile.glob(f"{str(log_dir).rstrip('/')}/plugins/profile/*/*"))
+    return sorted(after - before)
+
+
+def keras_step(model, dataset) -> Callable[[], object]:
+    """One call of ``model``'s own train function on ``dataset`` (what ``fit`` runs per
+    ``steps_per_execution`` steps), for ``capture_profile``. It trains the model."""
+    import tensorflow as tf
+
+    iterator = iter(
+        _distributed(model, dataset.repeat() if isinstance(dataset, tf.data.Dataset) else dataset)
+    )
+    train = model.make_train_function(force=True)
+    return lambda: train(iterator)
