@@ -1,3 +1,5 @@
+import re
+
 import nbformat
 
 from tpu_helpers.report import METRICS_MIME, build_report, publish_metrics
@@ -49,6 +51,13 @@ def test_report_collects_status_metrics_and_plots(tmp_path):
     page = (tmp_path / "report" / "report.html").read_text()
     assert "val_accuracy=0.91" in page and PNG in page and "loss did not fall" in page
     assert (tmp_path / "report" / "report.json").exists()
+    # every link of the page leads to a file a browser opens: the notebooks as HTML
+    hrefs = re.findall(r"href='([^'#]+)'", page)
+    assert sorted(h for h in hrefs if h.endswith(".html")) == ["../01_ok.html", "../02_bad.html"]
+    for href in hrefs:
+        assert (tmp_path / "report" / href).resolve().exists(), href
+    rendered = (tmp_path / "01_ok.html").read_text()
+    assert PNG in rendered and "jp-Notebook" in rendered
 
 
 def test_publish_metrics_prints_outside_ipython(capsys):

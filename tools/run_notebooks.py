@@ -6,11 +6,17 @@
 
 Parameters come from ``tests/params/<notebook stem>.yaml``; ``${FIXTURES}`` and ``${BUILD}``
 in their values become absolute paths. The fixtures are built first (cached).
+
+The console shows one progress line per notebook (which one, cells done, elapsed); what the
+kernels write to their standard error (TensorFlow's C++ log lines) goes to
+``<notebook>.kernel.log`` beside each executed notebook.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,6 +36,22 @@ def notebook_parameters(stem: str, build: Path) -> dict:
     text = path.read_text()
     text = text.replace("${FIXTURES}", str(build / "fixtures")).replace("${BUILD}", str(build))
     return yaml.safe_load(text) or {}
+
+
+@contextlib.contextmanager
+def stderr_to(path: Path):
+    """Send this process's file descriptor 2, and so that of every process it starts (a
+    kernel), to ``path``; restore it afterwards."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "w") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,26 +77,44 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         notebooks = [p for p in notebooks if any(p.name.startswith(o) for o in args.only)]
     executed, failed = [], []
-    for nb in notebooks:
+    console = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    for index, nb in enumerate(notebooks, 1):
         target = out / nb.name
         params = notebook_parameters(nb.stem, build)
         start = time.time()
+        progress = (
+            False
+            if args.prepare_only
+            else {
+                "desc": f"[{index}/{len(notebooks)}] {nb.name}",
+                "file": console,
+                "bar_format": "{desc}: {n_fmt}/{total_fmt} cells, {elapsed}",
+                "mininterval": 2.0,
+                "dynamic_ncols": False,
+                "leave": False,
+            }
+        )
         try:
-            papermill.execute_notebook(
-                str(nb),
-                str(target),
-                parameters=params,
-                prepare_only=args.prepare_only,
-                kernel_name="python3",
-                cwd=str(out),
-                progress_bar=False,
-            )
+            with stderr_to(out / f"{nb.stem}.kernel.log"):
+                papermill.execute_notebook(
+                    str(nb),
+                    str(target),
+                    parameters=params,
+                    prepare_only=args.prepare_only,
+                    kernel_name="python3",
+                    cwd=str(out),
+                    progress_bar=progress,
+                    log_output=False,
+                )
             status = "prepared" if args.prepare_only else "ok"
         except papermill.PapermillExecutionError as err:
-            status = f"FAILED ({err.ename}: {err.evalue})"
+            status = f"FAILED ({err.ename}: {err.evalue}; kernel log: {nb.stem}.kernel.log)"
             failed.append(nb.name)
         executed.append(target)
-        print(f"{nb.name}: {status} in {time.time() - start:.1f} s", flush=True)
+        print(
+            f"[{index}/{len(notebooks)}] {nb.name}: {status} in {time.time() - start:.1f} s",
+            flush=True,
+        )
 
     if not args.prepare_only:
         summaries = build_report(executed, build / "report", title="Notebooks on CPU (offline)")

@@ -3,7 +3,8 @@
 A notebook calls ``publish_metrics(accuracy=0.91, ...)``: the figures appear in the
 notebook as a small table and are stored in the cell output under ``METRICS_MIME``.
 ``build_report`` reads executed notebooks and writes one page per run: each notebook's
-status, duration, metrics and plots.
+status, duration, metrics and plots, linked to the notebook rendered as HTML beside it
+(a browser cannot show an ``.ipynb``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,20 @@ def summarize_notebook(path: str | os.PathLike) -> dict:
     return summary
 
 
+def render_html(path: str | os.PathLike) -> Path:
+    """Render an executed notebook to ``<name>.html`` beside it (outputs and plots
+    included); return that path."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    path = Path(path)
+    nb = nbformat.read(str(path), as_version=4)
+    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    target = path.with_suffix(".html")
+    target.write_text(body, encoding="utf-8")
+    return target
+
+
 def _page(summaries: Sequence[dict], title: str) -> str:
     rows, sections = [], []
     for s in summaries:
@@ -81,9 +96,14 @@ def _page(summaries: Sequence[dict], title: str) -> str:
             f"<img src='data:image/png;base64,{p.strip()}' alt='plot'>" for p in s["plots"]
         )
         err = f"<pre>{html.escape(s['error'])}</pre>" if s["error"] else ""
+        links = []
+        if s.get("html_href"):
+            links.append(f"<a href='{html.escape(s['html_href'])}'>the executed notebook</a>")
+        if s.get("ipynb_href"):
+            links.append(f"<a href='{html.escape(s['ipynb_href'])}' download>.ipynb</a>")
         sections.append(
             f"<h2 id='{html.escape(s['name'])}'>{html.escape(s['name'])}</h2>"
-            f"<p>executed notebook: <code>{html.escape(s['path'])}</code></p>{err}{plots}"
+            f"<p>{' · '.join(links) or html.escape(s['path'])}</p>{err}{plots}"
         )
     style = (
         "body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
@@ -102,12 +122,26 @@ def _page(summaries: Sequence[dict], title: str) -> str:
 
 
 def build_report(
-    notebooks: Sequence[str | os.PathLike], out_dir: str | os.PathLike, title: str = "Notebook run"
+    notebooks: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    title: str = "Notebook run",
+    render: bool = True,
 ) -> list[dict]:
-    """Write ``out_dir/report.html`` and ``out_dir/report.json``; return the summaries."""
+    """Write ``out_dir/report.html`` and ``out_dir/report.json``; return the summaries.
+
+    With ``render``, each notebook is rendered to HTML beside it and the page links that
+    (and the ``.ipynb``) by paths relative to ``out_dir``.
+    """
     summaries = [summarize_notebook(p) for p in notebooks]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for summary, path in zip(summaries, notebooks, strict=True):
+        summary["ipynb_href"] = Path(
+            os.path.relpath(Path(path).resolve(), out.resolve())
+        ).as_posix()
+        if render:
+            page = render_html(path)
+            summary["html_href"] = Path(os.path.relpath(page.resolve(), out.resolve())).as_posix()
     (out / "report.html").write_text(_page(summaries, title), encoding="utf-8")
     slim = [
         {k: v for k, v in s.items() if k != "plots"} | {"plots": len(s["plots"])} for s in summaries
