@@ -558,3 +558,20 @@ def test_a_resumed_epoch_continues_with_the_same_batches(tmp_path):
     whole, again = firsts(epoch=1), firsts(epoch=1)
     assert whole == again and firsts(epoch=1, skip_steps=5) == whole[5:]
     assert firsts(epoch=2) != whole
+
+
+def test_each_step_gives_every_local_replica_a_batch_of_one_width(tmp_path):
+    records.write_records(_varied_rows(), str(tmp_path), shard_records=25, progress=False)
+    context = tf.distribute.InputContext(1, 0, num_replicas_in_sync=2)
+    ds = records.read_records(
+        str(tmp_path), 8, boundaries=[16, 32, 64], seed=2, input_context=context
+    )
+    elements = [
+        (int(f["input_ids"].shape[1]), f["input_ids"].numpy()[:, 0], w.numpy()) for f, _, w in ds
+    ]
+    assert len(elements) == 2 * ds.steps
+    # elements 2k and 2k+1 go to the two replicas of step k: one width per step
+    assert all(elements[k][0] == elements[k + 1][0] for k in range(0, len(elements), 2))
+    assert len({w for w, _, _ in elements}) == 3
+    used = sorted(int(i) - 1 for _, ids, w in elements for i in ids[w == 1])
+    assert used == list(range(400))

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from tpu_helpers import _env
+from tpu_helpers import _env, runtime
 from tpu_helpers.runtime import (
     RuntimeFacts,
     detect_runtime,
@@ -175,7 +175,7 @@ def test_install_sets_the_flags_again_after_the_plan(monkeypatch, capsys):
 
 def test_install_asks_for_a_restart_only_for_packages_already_imported(monkeypatch, capsys):
     monkeypatch.setattr(_env, "prepare_environment", lambda: [])
-    for name in ("tensorflow", "transformers", "datasets", "huggingface_hub", "tf_keras"):
+    for name in runtime._MODULES.values():
         monkeypatch.delitem(sys.modules, name, raising=False)
     install(facts("colab", "tpu"), run=lambda *a, **k: None)
     assert "Restart" not in capsys.readouterr().out
