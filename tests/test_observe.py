@@ -1,3 +1,4 @@
+import re
 import time
 
 import numpy as np
@@ -150,3 +151,20 @@ def test_the_custom_loop_writes_the_same_scalars(tmp_path):
     )
     assert [round(v, 6) for _, v in train["learning_rate"]] == [0.05, 0.0]
     assert all(v > 0 for _, v in train["examples_per_second"])
+
+
+def test_the_watch_sees_the_widths_read_records_chooses(tmp_path):
+    from tpu_helpers import records
+
+    rows = [{"input_ids": [1] * (2 + i % 30), "label": i % 2} for i in range(200)]
+    records.write_records(rows, str(tmp_path / "records"), shard_records=20, progress=False)
+    watch = observe.CompileWatch(str(tmp_path / "logs"), expected=2)
+    ds = records.read_records(
+        str(tmp_path / "records"), 8, boundaries=[16, 32], seed=0, transform=watch.watch
+    )
+    assert len(list(ds)) == ds.steps
+    widths = sorted(
+        int(re.search(r"input_ids=\[8 (\d+)\]", e["shapes"])[1]) for e in watch.events()
+    )
+    assert widths == [16, 32]
+    assert all(e["expected"] for e in watch.events())

@@ -1211,6 +1211,7 @@ def read_records(
     epoch: int = 0,
     skip_steps: int = 0,
     shared_filesystem: bool = False,
+    transform=None,
 ):
     """A ``tf.data.Dataset`` of ``(features, labels, weights)`` batches of exactly
     ``batch_size`` rows from TFRecord shards (see ``open_records`` for ``source``, ``spec``,
@@ -1241,6 +1242,8 @@ def read_records(
     width, and all pipelines run the same steps; the files must be on a bucket (or
     ``shared_filesystem=True``). ``repeat`` goes on with epoch ``epoch + 1`` and so on.
     The steps per epoch are on the dataset as ``steps`` (``None`` without record counts).
+    ``transform`` (a function of the dataset, such as ``observe.CompileWatch.watch``) is
+    applied to the batches before prefetching.
     """
     import tensorflow as tf
 
@@ -1351,6 +1354,8 @@ def read_records(
         if input_context is not None
         else tf.data.experimental.AutoShardPolicy.FILE
     )
+    if transform is not None:
+        ds = transform(ds)
     ds = ds.with_options(options).prefetch(tf.data.AUTOTUNE)
     ds.steps = steps
     ds.plan = plan
