@@ -168,3 +168,16 @@ def test_the_watch_sees_the_widths_read_records_chooses(tmp_path):
     )
     assert widths == [16, 32]
     assert all(e["expected"] for e in watch.events())
+
+
+def test_without_tensorboard_the_log_says_what_to_install(monkeypatch, tmp_path):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "tensorboard" else real(name, *a),
+    )
+    with pytest.raises(ModuleNotFoundError, match="pip install 'tensorboard~=2\\.2\\d\\.0'"):
+        observe.TrainingLog(str(tmp_path))

@@ -61,8 +61,17 @@ class TrainingLog:
         real_tokens_per_epoch: int | None = None,
         run: str | None = None,
     ):
+        import importlib.util
+
         import tensorflow as tf
 
+        if importlib.util.find_spec("tensorboard") is None:
+            version = ".".join(tf.__version__.split(".")[:2])
+            raise ModuleNotFoundError(
+                "TensorBoard is not installed, and tf.summary needs it to write logs. Fix:"
+                f" pip install 'tensorboard~={version}.0' (the install cell of the notebooks"
+                " adds it on Colab and Kaggle)."
+            )
         self.log_dir = str(log_dir).rstrip("/")
         self.run = run or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
         self.run_dir = f"{self.log_dir}/{self.run}"
