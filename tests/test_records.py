@@ -575,3 +575,19 @@ def test_each_step_gives_every_local_replica_a_batch_of_one_width(tmp_path):
     assert len({w for w, _, _ in elements}) == 3
     used = sorted(int(i) - 1 for _, ids, w in elements for i in ids[w == 1])
     assert used == list(range(400))
+
+
+def test_files_without_metadata_are_read_whole_at_the_widest_width(tmp_path, capsys):
+    records.write_records(_varied_rows(), str(tmp_path), shard_records=100, progress=False)
+    (tmp_path / "train.metadata.json").unlink()
+    spec = {
+        "input_ids": {"dtype": "int64", "shape": [None]},
+        "label": {"dtype": "int64", "shape": []},
+    }
+    ds = records.read_records(
+        str(tmp_path / "*.tfrecord"), 8, boundaries=[16, 64], spec=spec, seed=0
+    )
+    batches = [(f["input_ids"].shape[1], w.numpy()) for f, _, w in ds]
+    assert ds.steps is None and {width for width, _ in batches} == {64}
+    assert sum(float(w.sum()) for _, w in batches) == 400
+    assert "padded to the widest" in capsys.readouterr().out

@@ -1014,6 +1014,14 @@ class ReadPlan:
         return np.repeat(np.arange(len(self.widths)), self.steps)
 
 
+def _length_key(features: Mapping) -> tuple[list[str], str | None]:
+    """The variable-length features, and the one whose length picks a batch's width
+    (``input_ids`` if there is one; the writer groups shards by the same feature)."""
+    variable = [n for n, f in features.items() if f["shape"] == [None]]
+    key = ("input_ids" if "input_ids" in variable else variable[0]) if variable else None
+    return variable, key
+
+
 def _shard_slot(shard: Shard, key: str | None, widths: Sequence) -> tuple[int, bool]:
     """``(width index, mixed)``: the narrowest width that holds the shard's longest record
     (from its length histogram), and whether its records need several widths."""
@@ -1041,8 +1049,7 @@ def plan_reads(
     width are as even as the shard sizes allow (largest first, to the pipeline with the
     fewest so far). Pure arithmetic on the metadata: every host computes the same plan.
     """
-    variable = [n for n, f in source.features.items() if f["shape"] == [None]]
-    key = ("input_ids" if "input_ids" in variable else variable[0]) if variable else None
+    key = _length_key(source.features)[1]
     if key is None:
         widths: tuple = (None,)
     else:
@@ -1056,6 +1063,9 @@ def plan_reads(
             boundaries = [max(hist)]
         widths = tuple(check_boundaries(boundaries))
     known = all(s.num_records is not None for s in source.shards)
+    if not known and len(widths) > 1:
+        # without counts no step schedule can be drawn: every batch takes the widest width
+        widths = widths[-1:]
     slots = [[[] for _ in widths] for _ in range(pipelines)]
     counts = np.zeros((pipelines, len(widths)), np.int64)
     mixed = []
@@ -1063,7 +1073,7 @@ def plan_reads(
     for shard in source.shards:
         slot, spans = _shard_slot(shard, key, widths)
         by_slot.setdefault(slot, []).append(shard)
-        if spans:
+        if spans or (not known and key is not None and boundaries and len(boundaries) > 1):
             mixed.append(shard.path)
     for slot, shards in by_slot.items():
         for shard in sorted(shards, key=lambda s: (-(s.num_records or 0), s.path)):
@@ -1130,20 +1140,14 @@ def _check_hosts(source: RecordSource, pipelines: int, shared_filesystem: bool) 
         )
 
 
-def _feature_parts(source: RecordSource, label_column: str | None):
-    """``(tf parse spec, variable-length names, key name)`` for reading ``source``."""
-    variable = [n for n, f in source.features.items() if f["shape"] == [None]]
-    key = ("input_ids" if "input_ids" in variable else variable[0]) if variable else None
-    return _spec_to_tf(source.features), variable, key
-
-
 def _batch_maker(source: RecordSource, rows: int, label_column: str | None):
     """``(parse(records, width), filler(width))``: one op parses a batch of serialized
     records and pads its variable-length features to ``width``; a short batch is completed
     to ``rows`` with copies weighted 0. ``filler`` is a batch of weight-0 rows."""
     import tensorflow as tf
 
-    spec, variable, key = _feature_parts(source, label_column)
+    spec = _spec_to_tf(source.features)
+    variable, key = _length_key(source.features)
     tf_dtypes = _tf_dtypes()
 
     def finish(out, weights):
