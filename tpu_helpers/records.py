@@ -1140,53 +1140,63 @@ def _check_hosts(source: RecordSource, pipelines: int, shared_filesystem: bool) 
         )
 
 
+def _filler_record(features: Mapping) -> bytes:
+    """One serialized record that parses with ``features``: zeros (one value for each
+    variable-length feature, 1 for an ``attention_mask``). Rows made of it carry weight 0."""
+    import tensorflow as tf
+
+    feature = {}
+    for name, f in features.items():
+        size = 1 if f["shape"] == [None] else math.prod(f["shape"])
+        value = 1 if name == "attention_mask" else 0
+        if f["dtype"] == "int64":
+            feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value] * size))
+        elif f["dtype"] == "float32":
+            feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[0.0] * size))
+        else:
+            feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b""] * size))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
 def _batch_maker(source: RecordSource, rows: int, label_column: str | None):
-    """``(parse(records, width), filler(width))``: one op parses a batch of serialized
-    records and pads its variable-length features to ``width``; a short batch is completed
-    to ``rows`` with copies weighted 0. ``filler`` is a batch of weight-0 rows."""
+    """``parse(records, width, real)``: one op parses a batch of serialized records and
+    pads its variable-length features to ``width`` (a tensor: batches of any width go
+    through the same map); a batch shorter than ``rows`` is completed with copies, and
+    rows from ``real`` on weigh 0 (``real=0``: a batch of fillers)."""
     import tensorflow as tf
 
     spec = _spec_to_tf(source.features)
     variable, key = _length_key(source.features)
-    tf_dtypes = _tf_dtypes()
 
-    def finish(out, weights):
-        out = {n: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for n, v in out.items()}
-        out = {n: tf.ensure_shape(v, [rows, *v.shape[1:]]) for n, v in out.items()}
-        weights = tf.ensure_shape(weights, [rows])
-        if label_column is None:
-            return out, weights
-        labels = out.pop(label_column)
-        return out, labels, weights
-
-    def parse(serialized, width):
+    def parse(serialized, width, real):
         parsed = tf.io.parse_example(serialized, spec)
         out, lengths = {}, None
         for name, value in parsed.items():
             if name in variable:
                 if name == key:
-                    lengths = tf.minimum(value.row_lengths(), width)
-                value = value.to_tensor(shape=[None, width])
+                    lengths = tf.minimum(
+                        value.row_lengths(), tf.cast(width, value.row_splits.dtype)
+                    )
+                value = value.to_tensor(shape=tf.stack([tf.shape(serialized)[0], width]))
             out[name] = value
         if key is not None and "attention_mask" not in out:
             out["attention_mask"] = tf.sequence_mask(lengths, width, dtype=tf.int32)
         n = tf.shape(serialized)[0]
-        take = tf.range(rows) % n  # a short batch: copies of its rows, weight 0
-        out = {name: tf.gather(value, take) for name, value in out.items()}
-        return finish(out, tf.cast(tf.range(rows) < n, tf.float32))
 
-    def filler(width):
-        out = {}
-        for name, f in source.features.items():
-            shape = [rows] + ([width] if f["shape"] == [None] else list(f["shape"]))
-            dtype = tf_dtypes[f["dtype"]]
-            out[name] = tf.fill(shape, "") if dtype == tf.string else tf.zeros(shape, dtype)
-        if key is not None and "attention_mask" not in out:
-            # one visible position: a row that attends to nothing can give NaN in softmax
-            out["attention_mask"] = tf.one_hot(tf.zeros([rows], tf.int32), width, dtype=tf.int32)
-        return finish(out, tf.zeros([rows], tf.float32))
+        def complete():  # a short batch: copies of its rows, weight 0
+            take = tf.range(rows) % n
+            return {name: tf.gather(value, take) for name, value in out.items()}
 
-    return parse, filler
+        out = tf.cond(n < rows, complete, lambda: dict(out))
+        out = {n: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for n, v in out.items()}
+        out = {n: tf.ensure_shape(v, [rows, *v.shape[1:]]) for n, v in out.items()}
+        weights = tf.ensure_shape(tf.cast(tf.range(rows) < real, tf.float32), [rows])
+        if label_column is None:
+            return out, weights
+        labels = out.pop(label_column)
+        return out, labels, weights
+
+    return parse
 
 
 def _epoch_seed(seed: int, salt: int, epoch, index=0):
@@ -1290,15 +1300,19 @@ def read_records(
     if parallel_reads is None:
         parallel_reads = 8 if is_remote(source.shards[0].path) else 1
     compression = source.compression or ""
-    parse, filler = _batch_maker(source, batch_size, label_column)
+    parse = _batch_maker(source, batch_size, label_column)
+    filler = tf.fill([batch_size], _filler_record(source.features))
 
-    # 3. per width: this pipeline's shards, shuffled, parsed and padded batch by batch
+    single = len(plan.widths) == 1
+
+    # 3. per width: this pipeline's shards, shuffled, in batches of serialized records
     def width_batches(slot: int, e):
-        width = plan.widths[slot]
+        width = tf.constant(plan.widths[slot] or 0, tf.int32)
         paths = plan.files[pipeline][slot]
         wanted = None if plan.steps is None else int(plan.steps[slot]) * local
+        fillers = tf.data.Dataset.from_tensors((filler, width, tf.constant(0)))
         if not paths:
-            return tf.data.Dataset.from_tensors(filler(width)).repeat(wanted)
+            return fillers.repeat(wanted)  # only with several widths: parsed later
         salt = (pipeline + 1) * 1000 + slot
         names = tf.constant(list(paths))
         if shuffle:
@@ -1323,25 +1337,29 @@ def read_records(
             ds = ds.rebatch(batch_size)
         else:
             ds = ds.batch(batch_size)
-        ds = ds.map(lambda r: parse(r, width), num_parallel_calls=tf.data.AUTOTUNE)
+        if single:  # one width: parse right here, one map per batch
+            ds = ds.map(lambda r: parse(r, width, tf.shape(r)[0]), tf.data.AUTOTUNE)
+            fillers = fillers.map(parse)
+        else:  # parsed after the widths are interleaved
+            ds = ds.map(lambda r: (r, width, tf.shape(r)[0]))
         if wanted is not None:
             have = -(-int(plan.counts[pipeline, slot]) // batch_size)
             if wanted > have:
-                ds = ds.concatenate(
-                    tf.data.Dataset.from_tensors(filler(width)).repeat(wanted - have)
-                )
+                ds = ds.concatenate(fillers.repeat(wanted - have))
         return ds
 
-    # 4. one epoch: the widths in the order of the schedule, the same on every pipeline
+    # 4. one epoch: the widths in the order of the schedule, the same on every pipeline;
+    # the records are parsed after the widths are interleaved, in one parallel map
     def one_epoch(e):
         parts = [width_batches(i, e) for i in range(len(plan.widths))]
-        if len(parts) == 1:
+        if single:
             return parts[0]
         order = tf.constant(plan.schedule(), tf.int64)
         if shuffle:
             order = tf.random.experimental.stateless_shuffle(order, _epoch_seed(seed, 0, e))
         choice = tf.data.Dataset.from_tensor_slices(tf.repeat(order, local))
-        return tf.data.Dataset.choose_from_datasets(parts, choice)
+        chosen = tf.data.Dataset.choose_from_datasets(parts, choice)
+        return chosen.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 
     # 5. epochs, resumption, counts and options
     if repeat:
