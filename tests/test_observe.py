@@ -129,10 +129,17 @@ def test_a_profile_of_a_few_steps_is_written(tmp_path):
     assert all(tf.io.gfile.stat(f).length > 0 for f in files)
 
 
-def test_the_check_needs_a_compiled_model():
+def test_the_check_needs_a_compiled_model_and_an_undistributed_dataset():
     model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
     with pytest.raises(ValueError, match="Compile the model first"):
         observe.input_bound_check(model, _xy())
+    compiled = _tiny_model()
+    distributed = tf.distribute.get_strategy().experimental_distribute_dataset(_xy())
+    if not isinstance(distributed, tf.data.Dataset):  # the default strategy may pass it through
+        with pytest.raises(TypeError, match="pass the dataset before distributing it"):
+            observe.input_bound_check(compiled, distributed)
+    with pytest.raises(TypeError, match="needs a tf.data.Dataset of global batches, not list"):
+        observe.input_bound_check(compiled, [1, 2])
 
 
 def test_the_custom_loop_writes_the_same_scalars(tmp_path):

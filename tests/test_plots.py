@@ -15,7 +15,7 @@ def test_plot_history_draws_train_and_validation_curves():
 def test_titles_name_checkpoints_and_data_not_the_folders_of_a_machine():
     from tpu_helpers.plots import short_name
 
-    assert short_name("/work/main/build/fixtures/tiny-vit") == "tiny-vit"
+    assert short_name("/home/someone/build/fixtures/tiny-vit") == "tiny-vit"
     assert short_name("gs://bucket/data/beans/") == "beans"
     assert short_name("./outputs/model") == "model"
     assert short_name("google/vit-base-patch16-224") == "google/vit-base-patch16-224"

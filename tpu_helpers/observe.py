@@ -99,7 +99,7 @@ class TrainingLog:
         import tensorflow as tf
 
         scalars: dict[str, dict[str, float]] = {"train": {}, "validation": {}}
-        if isinstance(logs, Mapping) is False:
+        if not isinstance(logs, Mapping):
             raise TypeError(f"logs must be a mapping of metric names to numbers, not {logs!r}")
         for key, value in logs.items():
             if value is None or isinstance(value, str):
@@ -232,12 +232,7 @@ class InputBoundReport:
 
 
 def _distributed(model, dataset):
-    import tensorflow as tf
-
-    strategy = model.distribute_strategy
-    if isinstance(dataset, tf.data.Dataset):
-        return strategy.experimental_distribute_dataset(dataset)
-    return dataset
+    return model.distribute_strategy.experimental_distribute_dataset(dataset)
 
 
 def _snapshot(model):
@@ -262,9 +257,8 @@ def _timed(fn, calls: int) -> float:
 
 
 def input_bound_check(model, dataset, steps: int = 30, cached_batches: int = 8) -> InputBoundReport:
-    """Measure where a compiled Keras ``model``'s training time goes on ``dataset`` (the
-    dataset ``fit`` would get: a ``tf.data.Dataset`` of global batches, or a distributed
-    one).
+    """Measure where a compiled Keras ``model``'s training time goes on ``dataset``, a
+    ``tf.data.Dataset`` of global batches (distributed here by the model's strategy).
 
     1. the input pipeline alone: ``steps`` batches pulled inside a ``tf.function``;
     2. the training step alone: ``model``'s own train function on ``cached_batches``
@@ -276,8 +270,15 @@ def input_bound_check(model, dataset, steps: int = 30, cached_batches: int = 8) 
     """
     import tensorflow as tf
 
-    if not getattr(model, "optimizer", None) or not getattr(model, "compiled_loss", True):
+    if getattr(model, "optimizer", None) is None:
         raise ValueError("Compile the model first (model.compile(...)): the check runs its step.")
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            f"input_bound_check needs a tf.data.Dataset of global batches, not"
+            f" {type(dataset).__name__}: it caches a few of its batches to time the step"
+            " alone. Fix: pass the dataset before distributing it (for example"
+            " text.make_text_dataset or records.read_records without input_context)."
+        )
     per_call = getattr(model, "_steps_per_execution", None)
     per_call = int(per_call.numpy()) if per_call is not None else 1
     dist = _distributed(model, dataset)
@@ -295,19 +296,11 @@ def input_bound_check(model, dataset, steps: int = 30, cached_batches: int = 8) 
     train = model.make_train_function(force=True)
     saved = _snapshot(model)
     try:
-        cached = (
-            dataset.take(cached_batches).cache().repeat()
-            if isinstance(dataset, tf.data.Dataset)
-            else None
-        )
-        if cached is not None:
-            cached_iter = iter(_distributed(model, cached))
-            for _ in range(cached_batches):  # fills the cache, compiles every shape in it
-                train(cached_iter)
-            calls = max(1, steps // per_call)
-            step_seconds = _timed(lambda: train(cached_iter), calls)
-        else:
-            calls, step_seconds = 0, 0.0
+        cached_iter = iter(_distributed(model, dataset.take(cached_batches).cache().repeat()))
+        for _ in range(cached_batches):  # fills the cache, compiles every shape in it
+            train(cached_iter)
+        calls = max(1, steps // per_call)
+        step_seconds = _timed(lambda: train(cached_iter), calls)
         live = iter(dist)
         train(live)  # the first call of a fresh iterator starts its pipeline
         calls_live = max(1, steps // per_call)
@@ -315,10 +308,9 @@ def input_bound_check(model, dataset, steps: int = 30, cached_batches: int = 8) 
     finally:
         for variable, value in saved:
             variable.assign(value)
-    step_rate = calls * per_call / step_seconds if step_seconds else float("nan")
     return InputBoundReport(
         input_per_second=steps / input_seconds,
-        step_per_second=step_rate,
+        step_per_second=calls * per_call / step_seconds,
         together_per_second=calls_live * per_call / together_seconds,
         steps=steps,
     )
@@ -491,8 +483,8 @@ def keras_step(model, dataset) -> Callable[[], object]:
     ``steps_per_execution`` steps), for ``capture_profile``. It trains the model."""
     import tensorflow as tf
 
-    iterator = iter(
-        _distributed(model, dataset.repeat() if isinstance(dataset, tf.data.Dataset) else dataset)
-    )
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"keras_step needs a tf.data.Dataset, not {type(dataset).__name__}.")
+    iterator = iter(_distributed(model, dataset.repeat()))
     train = model.make_train_function(force=True)
     return lambda: train(iterator)
