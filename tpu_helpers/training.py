@@ -39,6 +39,10 @@ class CustomLoop:
         checkpoint_dir: where checkpoints go; ``None`` for none.
         steps_per_call: training steps inside one ``tf.function`` call.
         max_to_keep: checkpoints kept.
+        replica_loss: ``replica_loss(per_example_loss, global_batch)``, one replica's
+            share of the step's loss (its weighted per-example losses in, a scalar out);
+            the replicas' shares are summed. Default: ``tf.nn.compute_average_loss``,
+            the sum divided by the global batch.
 
     The datasets yield ``(features, labels, weights)``: weights 0 mark filler rows.
     """
@@ -52,9 +56,15 @@ class CustomLoop:
         checkpoint_dir: str | None = None,
         steps_per_call: int = 1,
         max_to_keep: int = 3,
+        replica_loss=None,
     ):
         import tensorflow as tf
 
+        self.replica_loss = replica_loss or (
+            lambda per_example, global_batch: tf.nn.compute_average_loss(
+                per_example, global_batch_size=global_batch
+            )
+        )
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
         self.global_batch, self.steps_per_call = global_batch, steps_per_call
         with strategy.scope():
@@ -83,7 +93,7 @@ class CustomLoop:
         with tf.GradientTape() as tape:
             logits = logits_of(self.model(features, training=True))
             per_example = self.loss_fn(labels, logits) * tf.cast(weights, tf.float32)
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=self.global_batch)
+            loss = self.replica_loss(per_example, self.global_batch)
         variables = self.model.trainable_variables
         grads = tape.gradient(loss, variables)
         # Embedding gradients arrive as IndexedSlices whose size depends on the batch width;

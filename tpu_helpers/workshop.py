@@ -1,0 +1,457 @@
+"""Checks behind the "check your answer" cells of the exercise notebooks.
+
+Each ``check_*`` function tests the property one exercise is about, prints one line
+starting with ``OK`` when it holds, and raises ``ExerciseCheckError`` (an
+``AssertionError``) otherwise, with a message that says what is wrong and how to look at
+it. The same cells run after the solutions in ``notebooks/``, so every check is exercised
+by the notebooks' own runs; ``tests/test_workshop.py`` feeds each one wrong answers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+
+class ExerciseCheckError(AssertionError):
+    """An exercise's answer does not have the property the exercise is about."""
+
+
+def _fail(exercise: str, message: str) -> None:
+    raise ExerciseCheckError(f"Exercise {exercise}: {message}")
+
+
+def _ok(exercise: str, message: str) -> None:
+    print(f"OK  exercise {exercise}: {message}")
+
+
+# --- 00 ---------------------------------------------------------------------------------
+def check_replica_total(total, replicas: int, exercise: str = "00.1") -> None:
+    """Replica i contributed i + 1, summed over the replicas: N(N+1)/2."""
+    expected = replicas * (replicas + 1) // 2
+    try:
+        value = float(np.asarray(total))
+    except (TypeError, ValueError):
+        _fail(exercise, f"total={total!r} is not one number: reduce the per-replica values.")
+    if value == replicas:
+        _fail(
+            exercise,
+            f"total is {value:g}, the number of replicas: every replica returned 1. Return"
+            " tf.distribute.get_replica_context().replica_id_in_sync_group + 1.",
+        )
+    if value != expected:
+        hint = (
+            " (that is one replica's value: reduce with strategy.reduce(SUM, ..., axis=None))"
+            if 1 <= value <= replicas
+            else ""
+        )
+        _fail(exercise, f"total is {value:g}; {replicas} replica(s) give {expected}{hint}.")
+    _ok(exercise, f"{replicas} replica(s) each ran the function; total {expected}")
+
+
+def check_split(rows_per_replica, replicas: int, global_batch: int, exercise: str = "00.2"):
+    """The first global batch, split: ``replicas`` lists of ``global_batch / replicas``
+    distinct rows that together are rows 0 .. global_batch - 1."""
+    try:
+        rows = [sorted(int(v) for v in np.asarray(r).reshape(-1)) for r in rows_per_replica]
+    except TypeError:
+        _fail(exercise, "rows_per_replica must be a list with one list of rows per replica.")
+    if len(rows) != replicas:
+        _fail(
+            exercise,
+            f"{len(rows)} list(s) of rows for {replicas} replica(s): take"
+            " strategy.experimental_local_results(batch), one value per replica.",
+        )
+    sizes = [len(r) for r in rows]
+    if any(s != global_batch // replicas for s in sizes):
+        _fail(
+            exercise,
+            f"replicas got {sizes} rows; a global batch of {global_batch} gives each of the"
+            f" {replicas} replicas {global_batch // replicas}. Batch the dataset with the"
+            " GLOBAL batch size before distributing it.",
+        )
+    every = sorted(v for r in rows for v in r)
+    if every != list(range(global_batch)):
+        _fail(
+            exercise, f"the replicas' rows {every} are not the first batch 0..{global_batch - 1}."
+        )
+    _ok(exercise, f"{global_batch} rows split as {sizes[0]} per replica, none twice")
+
+
+# --- 01 ---------------------------------------------------------------------------------
+def check_widths(
+    boundaries: Sequence[int],
+    lengths: Sequence[int],
+    max_length: int,
+    max_shapes: int = 4,
+    exercise: str = "01.1",
+) -> float:
+    """Batch widths for a TPU: few (each one is an XLA compilation), multiples of 8,
+    increasing, the widest holding the longest example (up to ``max_length``), and no
+    more padding than padding everything to the widest. Returns the real-token share and
+    prints it next to the share of the helper's data-chosen widths."""
+    from tpu_helpers import text
+
+    try:
+        widths = [int(b) for b in boundaries]
+    except (TypeError, ValueError):
+        _fail(exercise, f"boundaries={boundaries!r} is not a list of integers.")
+    if not widths:
+        _fail(exercise, "boundaries is empty: give at least one width.")
+    if len(widths) > max_shapes:
+        _fail(
+            exercise,
+            f"{len(widths)} widths: each is one more XLA compilation; use at most {max_shapes}.",
+        )
+    if widths != sorted(set(widths)):
+        _fail(exercise, f"widths {widths} must increase, each once.")
+    odd = [w for w in widths if w % 8]
+    if odd:
+        _fail(
+            exercise,
+            f"widths {odd} are not multiples of 8: a TPU lays tensors out in tiles of 8"
+            " (x 128), so other widths are padded again on the chip. Round them up.",
+        )
+    longest = min(int(np.max(lengths)), max_length)
+    if widths[-1] < longest:
+        _fail(
+            exercise,
+            f"the widest width {widths[-1]} is shorter than the longest example ({longest}"
+            " tokens): those examples would be cut. Make the last width at least that.",
+        )
+    if widths[-1] > max(max_length, longest) + 7:
+        _fail(exercise, f"the widest width {widths[-1]} exceeds max_length={max_length}.")
+    share = text.padding_report(lengths, widths).real_token_share
+    single = text.padding_report(lengths, [widths[-1]]).real_token_share
+    if len(widths) > 1 and share <= single:
+        _fail(
+            exercise,
+            f"these widths keep {share:.1%} real tokens, no better than padding everything to"
+            f" {widths[-1]} ({single:.1%}). Put the narrow widths where most lengths are.",
+        )
+    best = text.padding_report(
+        lengths, text.choose_boundaries(lengths, max_shapes=len(widths), max_length=max_length)
+    ).real_token_share
+    _ok(
+        exercise,
+        f"widths {widths}: {share:.1%} real tokens (the best {len(widths)} width(s):"
+        f" {best:.1%}, one width: {single:.1%})",
+    )
+    return share
+
+
+def check_compiled(model, learning_rate: float, exercise: str = "01.2") -> None:
+    """Compiled with the chosen learning rate (not Keras' default), a loss that takes
+    logits, and metrics that count the weight-0 filler rows as nothing."""
+    import tensorflow as tf
+
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or getattr(model, "compiled_loss", None) is None:
+        _fail(exercise, "the model is not compiled: call model.compile(...).")
+    rate = optimizer.learning_rate
+    rate = float(rate(0)) if callable(rate) else float(tf.keras.backend.get_value(rate))
+    if not math.isclose(rate, learning_rate, rel_tol=1e-6):
+        _fail(
+            exercise,
+            f"the optimizer's learning rate is {rate:g}, not learning_rate={learning_rate:g}"
+            " (optimizer='adam' uses Keras' 1e-3, far too high for fine-tuning). Pass"
+            " tf.keras.optimizers.Adam(learning_rate=learning_rate).",
+        )
+    loss = getattr(model, "loss", None)  # what was passed to compile
+    if loss is None or isinstance(loss, str):
+        _fail(
+            exercise,
+            f"loss={loss!r}: the model returns logits, so pass"
+            " tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True).",
+        )
+    if not getattr(loss, "get_config", lambda: {})().get("from_logits", False):
+        _fail(
+            exercise,
+            "the loss does not take logits: the classifier's outputs are logits, so use"
+            " from_logits=True (the loss would be computed on the wrong numbers).",
+        )
+    weighted = getattr(model.compiled_metrics, "_user_weighted_metrics", None)  # tf-keras
+    if not weighted:
+        _fail(
+            exercise,
+            "no weighted_metrics: the last batch is completed with copies weighted 0, and"
+            " plain metrics count them. Pass weighted_metrics=['accuracy'].",
+        )
+    _ok(exercise, f"Adam at {rate:g}, loss from logits, weighted metrics")
+
+
+# --- 02 ---------------------------------------------------------------------------------
+def check_global_batch(
+    global_batch, per_replica_batch: int, replicas: int, exercise: str = "02.1"
+) -> None:
+    """The global batch is the per-replica batch times the replicas."""
+    if global_batch == per_replica_batch and replicas > 1:
+        _fail(
+            exercise,
+            f"global_batch={global_batch} is one replica's batch: each of the {replicas}"
+            f" replicas takes {per_replica_batch} rows, so a step takes"
+            f" {per_replica_batch * replicas}.",
+        )
+    if global_batch != per_replica_batch * replicas:
+        _fail(
+            exercise,
+            f"global_batch={global_batch!r}; {replicas} replica(s) x {per_replica_batch} rows"
+            f" = {per_replica_batch * replicas}.",
+        )
+    _ok(exercise, f"{replicas} x {per_replica_batch} = {global_batch} rows per step")
+
+
+def check_replica_loss(
+    replica_loss: Callable, global_batch: int, replicas: int, exercise: str = "02.2"
+) -> None:
+    """Summed over the replicas (as the gradients are), each replica's loss must give the
+    weighted mean over the global batch: per-example losses summed and divided by the
+    GLOBAL batch, not averaged per replica."""
+    import tensorflow as tf
+
+    rows = global_batch // replicas
+    rng = np.random.default_rng(0)
+    per_example = rng.uniform(0.1, 3.0, size=(replicas, rows)).astype(np.float32)
+    per_example[-1, -1] = 0.0  # a weight-0 filler row: its loss arrives multiplied by 0
+    expected = per_example.sum() / global_batch
+    try:
+        parts = [float(replica_loss(tf.constant(p), global_batch)) for p in per_example]
+    except Exception as err:  # noqa: BLE001  (the learner's code: say where it failed)
+        _fail(exercise, f"replica_loss(per_example, global_batch) raised {err!r}.")
+    total = sum(parts)
+    if math.isclose(total, expected * replicas, rel_tol=1e-4) and replicas > 1:
+        _fail(
+            exercise,
+            f"summed over {replicas} replicas the loss is {total:.4f}, {replicas}x the mean"
+            f" ({expected:.4f}): each replica divided by its own {rows} rows. Divide by"
+            " global_batch (tf.nn.compute_average_loss(..., global_batch_size=global_batch)).",
+        )
+    if not math.isclose(total, expected, rel_tol=1e-4):
+        _fail(
+            exercise,
+            f"summed over {replicas} replica(s) the loss is {total:.4f}; the mean over the"
+            f" global batch is {expected:.4f}. Sum the per-example losses and divide by"
+            " global_batch.",
+        )
+    _ok(exercise, f"the replicas' losses add up to the global mean ({expected:.4f})")
+
+
+# --- 03 ---------------------------------------------------------------------------------
+def check_parse_spec(spec: dict, source, rows, exercise: str = "03.1", records: int = 64):
+    """``spec`` parses the first ``records`` records of the first shard of ``source`` (an
+    ``open_records`` result) into examples that are rows of ``rows`` (``input_ids`` and
+    ``label``, as written)."""
+    import tensorflow as tf
+
+    if not isinstance(spec, dict) or not spec:
+        _fail(exercise, "spec must be a dict from feature name to tf.io.*Feature.")
+    columns = list(source.features)
+    missing = [c for c in columns if c not in spec]
+    if missing:
+        _fail(exercise, f"spec has no entry for {missing}; the records hold {columns}.")
+    extra = [k for k in spec if k not in columns]
+    if extra:
+        _fail(exercise, f"spec names {extra}, which the records do not hold ({columns}).")
+    shard = source.shards[0].path
+    raw = tf.data.TFRecordDataset([shard], compression_type=source.compression or "")
+    known = {
+        (tuple(ids), int(label))
+        for ids, label in zip(rows["input_ids"], rows["label"], strict=True)
+    }
+    for serialized in raw.take(records):
+        try:
+            parsed = tf.io.parse_single_example(serialized, spec)
+        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as err:
+            first = str(err).strip().splitlines()[0][:300]
+            _fail(
+                exercise,
+                f"parsing a record with this spec failed: {first}. Each record holds"
+                " input_ids of ITS OWN length (unpadded) and one label: a fixed-length"
+                " feature needs that exact length.",
+            )
+        ids = parsed["input_ids"]
+        if isinstance(ids, tf.SparseTensor):
+            ids = tf.sparse.to_dense(ids)
+        elif isinstance(ids, tf.RaggedTensor):
+            ids = ids.to_tensor()
+        label = np.asarray(parsed["label"]).reshape(-1)
+        if label.size != 1:
+            _fail(exercise, f"label parsed to {label.size} values; each record has one.")
+        ids = tuple(int(v) for v in np.asarray(ids).reshape(-1))
+        if (ids, int(label[0])) not in known:
+            _fail(
+                exercise,
+                f"a record parsed to input_ids {list(ids)[:12]}... label {int(label[0])},"
+                " which is no row of the data written: check the dtypes (tf.int64) and that"
+                " nothing is padded or cut.",
+            )
+    _ok(exercise, f"{records} records of {shard.rsplit('/', 1)[-1]} parse to rows written")
+
+
+# --- 04 ---------------------------------------------------------------------------------
+def check_normalize(normalize: Callable, spec, pixel_values, exercise: str = "04.1") -> None:
+    """``normalize`` takes 0-255 pixels ``[B, H, W, 3]`` and gives what the model takes,
+    ``[B, 3, H, W]``, as the pipeline (``spec``) made ``pixel_values``."""
+    from tpu_helpers.images import pixels_of
+
+    expected = np.asarray(pixel_values, np.float64)
+    pixels = pixels_of(expected, spec)
+    try:
+        got = np.asarray(normalize(pixels), np.float64)
+    except Exception as err:  # noqa: BLE001  (the learner's code: say where it failed)
+        _fail(exercise, f"normalize(pixels) raised {err!r}.")
+    if got.shape != expected.shape:
+        hint = " Channels go first: np.moveaxis(x, -1, -3)." if got.shape == pixels.shape else ""
+        _fail(
+            exercise, f"normalize gave shape {got.shape}, the model takes {expected.shape}.{hint}"
+        )
+    error = float(np.abs(got - expected).max())
+    if error > 1e-3:
+        per_channel = np.abs(got - expected).mean(axis=(0, 2, 3))
+        _fail(
+            exercise,
+            f"off by up to {error:.3f} (mean per channel {np.round(per_channel, 3).tolist()})."
+            f" The processor rescales by {spec.rescale_factor:g}, then"
+            + (
+                f" subtracts mean {list(spec.mean)} and divides by std {list(spec.std)}"
+                if spec.do_normalize
+                else " does not normalize"
+            )
+            + " (processor.rescale_factor, processor.image_mean, processor.image_std).",
+        )
+    _ok(exercise, f"normalize reproduces the processor's numbers (max difference {error:.1e})")
+
+
+def check_head(model, class_names: Sequence[str], exercise: str = "04.2") -> None:
+    """A new classification head: one output per class, named by ``id2label``."""
+    config = model.config
+    if config.num_labels != len(class_names):
+        _fail(
+            exercise,
+            f"the model has {config.num_labels} outputs for {len(class_names)} classes: pass"
+            " num_labels=len(class_names) and ignore_mismatched_sizes=True.",
+        )
+    names = [config.id2label[i] for i in range(config.num_labels)]
+    if names != list(class_names):
+        _fail(
+            exercise,
+            f"id2label gives {names}, the data's classes are {list(class_names)}: pass"
+            " id2label=dict(enumerate(class_names)) (and label2id) so predictions read as"
+            " class names.",
+        )
+    _ok(exercise, f"{len(class_names)} outputs named {names}")
+
+
+# --- 05 ---------------------------------------------------------------------------------
+def check_same_values(function: Callable, reference: Callable, inputs, exercise: str = "05.1"):
+    """``function`` gives ``reference``'s value (run eagerly, where a Python ``if`` works)
+    on each of ``inputs``, both sides of the condition included."""
+    for args in inputs:
+        args = args if isinstance(args, tuple) else (args,)
+        want, got = np.asarray(reference(*args)), np.asarray(function(*args))
+        if want.shape != got.shape or not np.allclose(want, got, rtol=1e-5, atol=1e-6):
+            _fail(
+                exercise,
+                f"for input {np.asarray(args[0]).tolist()} it gives {got.tolist()}, the"
+                f" original gives {want.tolist()}: both branches must still be computed.",
+            )
+    _ok(exercise, f"same values as the original on {len(inputs)} inputs")
+
+
+def check_static_loss(
+    loss_fn: Callable, labels, logits, reference: float, exercise: str = "05.2"
+) -> None:
+    """The loss equals ``reference`` (the boolean-mask loss), compiles without
+    value-dependent shapes, and gives 0 (not NaN) when every label is masked."""
+    import tensorflow as tf
+
+    from tpu_helpers import xla
+
+    value = float(loss_fn(labels, logits))
+    if not math.isclose(value, float(reference), rel_tol=1e-5, abs_tol=1e-6):
+        _fail(
+            exercise,
+            f"the loss is {value:.5f}, the boolean-mask loss {float(reference):.5f}: multiply"
+            " each position's loss by a 0/1 mask and divide by the mask's sum.",
+        )
+    dynamic = xla.dynamic_shape_ops(xla.compiled_hlo(loss_fn, labels, logits))
+    if dynamic:
+        _fail(exercise, f"the compiled program still has value-dependent shapes: {dynamic}.")
+    empty = float(loss_fn(tf.fill(tf.shape(labels), -100), logits))
+    if not math.isfinite(empty):
+        _fail(
+            exercise,
+            f"a batch with every label masked gives {empty}: divide by tf.maximum(mask_sum, 1.0).",
+        )
+    _ok(exercise, "same loss, static shapes, an all-masked batch gives 0")
+
+
+# --- 06 ---------------------------------------------------------------------------------
+def check_positions(
+    positions, model_type: str, block_size: int, pad_token_id=None, exercise: str = "06.1"
+):
+    """Position embeddings that hold a block: RoBERTa numbers positions from
+    ``pad_token_id + 1`` (2 with its usual pad id 1), so it needs ``block_size + 2``;
+    BERT ``block_size``."""
+    from transformers import AutoConfig
+
+    from tpu_helpers.text import position_limit
+
+    if not isinstance(positions, int | np.integer) or positions < 1:
+        _fail(exercise, f"positions={positions!r} must be a positive integer.")
+    extra = {} if pad_token_id is None else {"pad_token_id": pad_token_id}
+    config = AutoConfig.for_model(model_type, max_position_embeddings=int(positions), **extra)
+    limit = position_limit(config)
+    if limit is not None and limit < block_size:
+        offset = int(positions) - limit
+        _fail(
+            exercise,
+            f"{positions} positions hold {limit} tokens of a {model_type} model (it skips"
+            f" the first {offset}), fewer than block_size={block_size}. Fix:"
+            f" {block_size + offset}.",
+        )
+    needed = block_size + (int(positions) - (limit if limit is not None else int(positions)))
+    if int(positions) > needed:
+        _fail(
+            exercise,
+            f"{positions} positions, {int(positions) - needed} never used: embeddings that no"
+            f" block reaches stay random. {needed} is enough.",
+        )
+    _ok(exercise, f"{positions} positions hold blocks of {block_size} for {model_type}")
+
+
+def check_schedule(
+    schedule: Callable,
+    learning_rate: float,
+    total_steps: int,
+    warmup_fraction: float,
+    exercise: str = "06.2",
+) -> None:
+    """Warm up linearly from 0 to ``learning_rate`` over ``warmup_fraction`` of the steps,
+    then decay to 0 at ``total_steps``."""
+    warmup = int(warmup_fraction * total_steps)
+
+    def at(step):
+        return float(schedule(step))
+
+    start, peak = at(0), at(warmup)
+    if warmup > 1 and start > 0.5 * learning_rate:
+        _fail(
+            exercise,
+            f"the rate starts at {start:g}: a freshly initialized model needs a warmup from"
+            f" 0 over {warmup} steps (num_warmup_steps).",
+        )
+    if not math.isclose(peak, learning_rate, rel_tol=0.05):
+        _fail(
+            exercise, f"after warmup ({warmup} steps) the rate is {peak:g}, not {learning_rate:g}."
+        )
+    end = at(total_steps)
+    if end > 0.05 * learning_rate:
+        _fail(
+            exercise,
+            f"at the last step ({total_steps}) the rate is still {end:g}: decay it to 0 over"
+            " num_train_steps=total_steps.",
+        )
+    _ok(exercise, f"0 -> {learning_rate:g} in {warmup} steps, 0 at step {total_steps}")
