@@ -3,6 +3,8 @@
     python tools/exercises.py           # write notebooks/exercises/*.ipynb
     python tools/exercises.py --check   # exit 1 if an exercise notebook is out of date
 
+It also writes the list of exercises into docs/teaching.md (between its markers).
+
 The notebooks in ``notebooks/`` are the complete solutions. Inside their code cells, an
 exercise is a block of lines between two comments (ordinary comments, so papermill,
 nbval, nbstripout and Colab leave them alone):
@@ -41,6 +43,8 @@ END = re.compile(r"^\s*# END EXERCISE\s*$")
 STUB_HEAD = re.compile(r"^(?P<indent>\s*)# EXERCISE (?P<id>\d\d\.\d+) · ")
 STUB_RAISE = re.compile(r'^\s*raise NotImplementedError\("Exercise (?P<id>\d\d\.\d+) ')
 CHECK = "# Check your answer"
+TEACHING = ROOT / "docs" / "teaching.md"
+TABLE_START, TABLE_END = "<!-- exercises:start -->", "<!-- exercises:end -->"
 PROMPT_TAG = "exercise-prompt"
 MIN_EXERCISES, MAX_EXERCISES = 2, 4
 
@@ -340,14 +344,41 @@ def editions() -> dict[Path, str]:
     }
 
 
+def exercise_table() -> str:
+    """A markdown table of every exercise: its notebook, what to write, what checks it."""
+    out = ["| exercise | what you write | checked by |", "|---|---|---|"]
+    for path in solution_paths():
+        notebook = json.loads(path.read_text())
+        for index, exercise, _, _ in find_exercises(notebook, path.name[:2]):
+            check = next(
+                "".join(lines_of(c))
+                for c in notebook["cells"][index + 1 :]
+                if c["cell_type"] == "code"
+            )
+            checks = sorted(set(re.findall(r"workshop\.(check_\w+)", check)))
+            by = ", ".join(f"`workshop.{c}`" for c in checks) or "assertions"
+            task = exercise.task[:1].upper() + exercise.task[1:]
+            link = f"[{exercise.id} · {exercise.title}](../notebooks/exercises/{path.name})"
+            out.append(f"| {link} | {task} | {by} |")
+    return "\n".join(out)
+
+
+def teaching_page() -> str:
+    head, rest = TEACHING.read_text().split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    return f"{head}{TABLE_START}\n{exercise_table()}\n{TABLE_END}{tail}"
+
+
 def main(argv: list[str]) -> int:
     wanted = editions()
+    wanted_page = teaching_page()
+    page_stale = TEACHING.read_text() != wanted_page
     stale = [p for p, text in wanted.items() if not p.exists() or p.read_text() != text]
     extra = sorted(set(EXERCISES.glob("*.ipynb")) - set(wanted))
     if "--check" in argv:
-        for path in stale + extra:
+        for path in stale + extra + ([TEACHING] if page_stale else []):
             print(f"{path.relative_to(ROOT)} is out of date: run python tools/exercises.py")
-        return 1 if stale or extra else 0
+        return 1 if stale or extra or page_stale else 0
     EXERCISES.mkdir(exist_ok=True)
     for path in stale:
         path.write_text(wanted[path])
@@ -355,6 +386,9 @@ def main(argv: list[str]) -> int:
     for path in extra:
         path.unlink()
         print(f"removed {path.relative_to(ROOT)} (no solution notebook)")
+    if page_stale:
+        TEACHING.write_text(wanted_page)
+        print(f"wrote the list of exercises in {TEACHING.relative_to(ROOT)}")
     return 0
 
 

@@ -45,14 +45,26 @@ def notebook_rows() -> list[tuple[str, str, str]]:
     return rows
 
 
+def open_in(path: str) -> str:
+    colab, kaggle = badges(path)
+    return (
+        f"[![Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab})"
+        f" [![Kaggle](https://kaggle.com/static/images/open-in-kaggle.svg)]({kaggle})"
+    )
+
+
 def table() -> str:
-    out = ["| notebook | what you learn | open |", "|---|---|---|"]
+    """One row per notebook: the solution and its exercise edition (notebooks/exercises/,
+    written by tools/exercises.py), each with its Colab and Kaggle badges."""
+    out = [
+        "| notebook | what you learn | open | exercises |",
+        "|---|---|---|---|",
+    ]
     for path, title, summary in notebook_rows():
-        colab, kaggle = badges(path)
+        exercises = path.replace("notebooks/", "notebooks/exercises/", 1)
         out.append(
-            f"| [{title}]({path}) | {summary} | [![Colab](https://colab.research.google.com/assets/"
-            f"colab-badge.svg)]({colab}) [![Kaggle](https://kaggle.com/static/images/"
-            f"open-in-kaggle.svg)]({kaggle}) |"
+            f"| [{title}]({path}) | {summary} | {open_in(path)} |"
+            f" [exercises]({exercises}) {open_in(exercises)} |"
         )
     return "\n".join(out)
 

@@ -3,6 +3,8 @@
     python tools/run_notebooks.py                  # the main job: build/notebooks + report
     python tools/run_notebooks.py --prepare-only   # inject parameters only (for nbval)
     python tools/run_notebooks.py --only 00        # one notebook
+    python tools/run_notebooks.py --exercises --prepare-only --out workshop
+                                    # the exercise edition, with the offline parameters
 
 Parameters come from ``tests/params/<notebook stem>.yaml``; ``${FIXTURES}`` and ``${BUILD}``
 in their values become absolute paths. The fixtures are built first (cached).
@@ -60,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="executed notebooks (default BUILD/notebooks)")
     parser.add_argument("--prepare-only", action="store_true", help="inject parameters, do not run")
     parser.add_argument("--only", action="append", default=[], help="notebook number prefix")
+    parser.add_argument(
+        "--exercises", action="store_true", help="the exercise edition (notebooks/exercises)"
+    )
     args = parser.parse_args(argv)
 
     import papermill
@@ -73,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     build_fixtures(build / "fixtures")
 
-    notebooks = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    source = NOTEBOOKS / "exercises" if args.exercises else NOTEBOOKS
+    notebooks = sorted(source.glob("[0-9][0-9]_*.ipynb"))
     if args.only:
         notebooks = [p for p in notebooks if any(p.name.startswith(o) for o in args.only)]
     executed, failed = [], []

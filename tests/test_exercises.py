@@ -1,0 +1,221 @@
+"""The workshop edition: generated from the solutions, current, and solvable.
+
+The solution notebooks themselves run under nbval (tools/test.sh); here the exercise
+edition is checked against them: the generator is idempotent and its output committed, the
+solutions injected back give the solution notebooks exactly, every stub fails loudly, and
+each exercise notebook run unmodified stops at its first exercise with the stub's message.
+"""
+
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import exercises  # noqa: E402
+import readme  # noqa: E402
+import run_notebooks  # noqa: E402
+
+SOLUTIONS = exercises.solution_paths()
+
+
+def load(path):
+    return json.loads(path.read_text())
+
+
+def text(cell):
+    return "".join(cell["source"])
+
+
+def solution_cells_without_prompts(edition):
+    return [
+        c for c in edition["cells"] if exercises.PROMPT_TAG not in c["metadata"].get("tags", [])
+    ]
+
+
+def test_every_notebook_has_an_exercise_edition_and_it_is_current():
+    assert SOLUTIONS and len(SOLUTIONS) == len(list(exercises.EXERCISES.glob("*.ipynb")))
+    assert exercises.main(["--check"]) == 0, "run: python tools/exercises.py"
+
+
+def test_the_generator_is_idempotent(tmp_path):
+    first = exercises.editions()
+    assert exercises.editions() == first
+    for path, edition in first.items():
+        assert path.read_text() == edition
+        # generating from a notebook read back from disk changes nothing either
+        name = path.name
+        again = exercises.generate(load(exercises.SOLUTIONS / name), name)
+        assert exercises.dumps(again) == edition
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
+def test_injecting_the_solutions_gives_the_solution_notebook(path):
+    solution = load(path)
+    edition = load(exercises.EXERCISES / path.name)
+    assert exercises.dumps(exercises.inject(edition, solution, path.name)) == path.read_text()
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
+def test_everything_but_the_exercises_is_identical(path):
+    solution, edition = load(path), load(exercises.EXERCISES / path.name)
+    kept = solution_cells_without_prompts(edition)
+    assert len(kept) == len(solution["cells"])
+    marked = 0
+    for ours, theirs in zip(kept[1:], solution["cells"][1:], strict=True):
+        assert ours["cell_type"] == theirs["cell_type"]
+        assert ours["metadata"] == theirs["metadata"]  # the parameters tag included
+        if "# BEGIN EXERCISE:" in text(theirs):
+            marked += 1
+            assert "raise NotImplementedError(" in text(ours)
+            continue
+        if theirs["cell_type"] == "markdown":
+            assert text(ours) == text(theirs).replace("](../", "](../../")
+        else:
+            assert text(ours) == text(theirs)  # install, parameters and check cells too
+    prompts = len(edition["cells"]) - len(kept)
+    assert prompts == len(exercises.exercises_of(solution, path.name[:2])) >= marked >= 1
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
+def test_two_to_four_exercises_each_with_a_check_that_asserts(path):
+    solution = load(path)
+    found = exercises.exercises_of(solution, path.name[:2])
+    assert 2 <= len(found) <= 4
+    cells = solution["cells"]
+    for exercise in found:
+        assert exercise.task and exercise.hint, exercise.id
+        index = next(
+            i for i, c in enumerate(cells) if f"BEGIN EXERCISE: {exercise.title}" in text(c)
+        )
+        check = next(c for c in cells[index + 1 :] if c["cell_type"] == "code")
+        body = text(check)
+        assert body.startswith(exercises.CHECK)
+        assert "workshop.check_" in body or "assert " in body, body
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
+def test_every_stub_fails_loudly_with_its_id(path):
+    edition = load(exercises.EXERCISES / path.name)
+    stubs = [
+        line
+        for cell in edition["cells"]
+        for line in text(cell).splitlines()
+        if line.strip().startswith("raise NotImplementedError(")
+    ]
+    found = exercises.exercises_of(load(path), path.name[:2])
+    assert len(stubs) == len(found)
+    for line, exercise in zip(stubs, found, strict=True):
+        with pytest.raises(NotImplementedError, match=re.escape(f"Exercise {exercise.id} (")):
+            exec(textwrap.dedent(line), {})  # noqa: S102  (the generated stub line itself)
+        for name in exercise.defines:
+            assert f"`{name}`" in line
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
+def test_exercise_edition_title_badges_and_links(path):
+    edition = load(exercises.EXERCISES / path.name)
+    title = text(edition["cells"][0])
+    colab, kaggle = readme.badges(f"notebooks/exercises/{path.name}")
+    assert f"({colab})" in title and f"({kaggle})" in title
+    assert f"](../{path.name})" in title
+    for cell in edition["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        for target in re.findall(r"\]\(([^)#]+)\)", text(cell)):
+            if "://" not in target:
+                assert (exercises.EXERCISES / target).resolve().exists(), (path.name, target)
+
+
+def test_readme_links_both_editions():
+    current = (ROOT / "README.md").read_text()
+    for path in SOLUTIONS:
+        assert f"(notebooks/{path.name})" in current
+        assert f"(notebooks/exercises/{path.name})" in current
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
+def test_lesson_header_and_key_points(path):
+    cells = load(path)["cells"]
+    header = text(cells[1])
+    for part in ("**Objectives**", "**Prerequisites**", "**Time**", "measured:", "estimate"):
+        assert part in header, (path.name, part)
+    assert re.search(r"\d+ min teaching, \d+ min exercises", header)
+    assert f"tests/params/{path.stem}.yaml" in header
+    titles = [text(c).splitlines()[0] for c in cells if c["cell_type"] == "markdown"]
+    assert titles[-2:] == ["## Key points", "## Next"], titles[-2:]
+
+
+BROKEN = {
+    "no END": "# BEGIN EXERCISE: A\n# Task: t\nx = 1\n",
+    "no Task": "# BEGIN EXERCISE: A\n# Hint: h\nx = 1\n# END EXERCISE\n",
+    "no code": "# BEGIN EXERCISE: A\n# Task: t\n# END EXERCISE\n",
+    "not whole statements": "# BEGIN EXERCISE: A\n# Task: t\nx = (1,\n# END EXERCISE\n",
+    "END alone": "x = 1\n# END EXERCISE\n",
+}
+
+
+def notebook_of(*sources):
+    return {
+        "cells": [
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "source": s,
+                "outputs": [],
+                "execution_count": None,
+            }
+            for s in sources
+        ]
+    }
+
+
+@pytest.mark.parametrize("source", BROKEN.values(), ids=BROKEN.keys())
+def test_malformed_markers_are_refused(source):
+    with pytest.raises(exercises.ExerciseFormatError):
+        exercises.find_exercises(notebook_of(source), "09")
+
+
+def test_an_exercise_without_its_check_cell_or_out_of_range_count_is_refused():
+    block = "# BEGIN EXERCISE: A\n# Task: set x\nx = 1\n# END EXERCISE\n"
+    check = "# Check your answer\nassert x == 1\n"
+    good = notebook_of(block, check, block.replace(": A", ": B"), check, "print(x)")
+    assert [e.defines for e in exercises.exercises_of(good, "09")] == [["x"], ["x"]]
+    with pytest.raises(exercises.ExerciseFormatError, match="Check your answer"):
+        exercises.exercises_of(notebook_of(block, "print(x)", block, check), "09")
+    with pytest.raises(exercises.ExerciseFormatError, match="1 exercise"):
+        exercises.exercises_of(notebook_of(block, check), "09")
+
+
+@pytest.mark.exercise_run
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
+def test_unmodified_exercise_edition_stops_at_its_first_exercise(path, fixtures_dir, tmp_path):
+    import papermill
+
+    edition = exercises.EXERCISES / path.name
+    params = run_notebooks.notebook_parameters(path.stem, ROOT / "build")
+    with pytest.raises(papermill.PapermillExecutionError) as failure:
+        papermill.execute_notebook(
+            str(edition),
+            str(tmp_path / path.name),
+            parameters=params,
+            kernel_name="python3",
+            cwd=str(tmp_path),
+            progress_bar=False,
+        )
+    err = failure.value
+    first = exercises.exercises_of(load(path), path.name[:2])[0]
+    assert err.ename == "NotImplementedError", (err.ename, err.evalue)
+    assert f"Exercise {first.id} (" in err.evalue
+    executed = load(tmp_path / path.name)["cells"]
+    failing = [
+        c
+        for c in executed
+        if c["cell_type"] == "code"
+        and any(o.get("output_type") == "error" for o in c.get("outputs", []))
+    ]
+    assert len(failing) == 1 and f"# EXERCISE {first.id} · " in text(failing[0])

@@ -1,0 +1,281 @@
+"""The check-your-answer functions: right answers pass, the usual wrong ones fail with a
+message that names the mistake."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_helpers import images, text, workshop
+from tpu_helpers.workshop import ExerciseCheckError as Wrong
+
+
+def test_replica_total():
+    workshop.check_replica_total(10, 4)
+    workshop.check_replica_total(tf.constant(3), 2)
+    with pytest.raises(Wrong, match="every replica returned 1"):
+        workshop.check_replica_total(4, 4)
+    with pytest.raises(Wrong, match="one replica's value"):
+        workshop.check_replica_total(2, 4)
+    with pytest.raises(Wrong, match="not one number"):
+        workshop.check_replica_total([1, 2], 2)
+
+
+def test_split():
+    workshop.check_split([[0, 1], [2, 3]], 2, 4)
+    workshop.check_split([np.array([2, 3]), np.array([0, 1])], 2, 4)
+    with pytest.raises(Wrong, match="one value per replica"):
+        workshop.check_split([[0, 1, 2, 3]], 2, 4)
+    with pytest.raises(Wrong, match="GLOBAL batch size"):
+        workshop.check_split([[0], [1]], 2, 4)  # batched per replica instead
+    with pytest.raises(Wrong, match="not the first batch"):
+        workshop.check_split([[0, 1], [1, 2]], 2, 4)
+
+
+LENGTHS = [9] * 50 + [14] * 30 + [30] * 15 + [60] * 5
+
+
+def test_widths_accepts_good_ones_and_returns_the_share():
+    share = workshop.check_widths([16, 32, 64], LENGTHS, 128)
+    assert share == pytest.approx(text.padding_report(LENGTHS, [16, 32, 64]).real_token_share)
+    workshop.check_widths([64], LENGTHS, 128)  # one width: valid, just wasteful
+
+
+@pytest.mark.parametrize(
+    "widths, message",
+    [
+        ([], "empty"),
+        ([8, 16, 24, 32, 64], "at most 4"),
+        ([32, 16, 64], "must increase"),
+        ([12, 64], "multiples of 8"),
+        ([16, 32], "shorter than the longest"),
+        ([16, 256], "exceeds max_length"),
+        ([8, 64], "no better than padding everything"),
+    ],
+)
+def test_widths_refuses(widths, message):
+    with pytest.raises(Wrong, match=message):
+        workshop.check_widths(widths, LENGTHS, 128)
+
+
+def compiled(**kwargs):
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
+    settings = {
+        "optimizer": tf.keras.optimizers.Adam(learning_rate=3e-5),
+        "loss": tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        "weighted_metrics": ["accuracy"],
+    }
+    settings.update(kwargs)
+    model.compile(**{k: v for k, v in settings.items() if v is not None})
+    return model
+
+
+def test_compiled():
+    workshop.check_compiled(compiled(), 3e-5)
+    with pytest.raises(Wrong, match="not compiled"):
+        workshop.check_compiled(tf.keras.Sequential([tf.keras.layers.Dense(2)]), 3e-5)
+    with pytest.raises(Wrong, match="Keras' 1e-3"):
+        workshop.check_compiled(compiled(optimizer="adam"), 3e-5)
+    with pytest.raises(Wrong, match="from_logits=True"):
+        workshop.check_compiled(compiled(loss="sparse_categorical_crossentropy"), 3e-5)
+    with pytest.raises(Wrong, match="does not take logits"):
+        workshop.check_compiled(compiled(loss=tf.keras.losses.SparseCategoricalCrossentropy()), 3e-5)
+    with pytest.raises(Wrong, match="weighted_metrics"):
+        workshop.check_compiled(compiled(weighted_metrics=None, metrics=["accuracy"]), 3e-5)
+
+
+def test_global_batch():
+    workshop.check_global_batch(128, 16, 8)
+    with pytest.raises(Wrong, match="one replica's batch"):
+        workshop.check_global_batch(16, 16, 8)
+    with pytest.raises(Wrong, match="= 128"):
+        workshop.check_global_batch(64, 16, 8)
+
+
+def test_replica_loss():
+    workshop.check_replica_loss(
+        lambda loss, gb: tf.nn.compute_average_loss(loss, global_batch_size=gb), 32, 4
+    )
+    workshop.check_replica_loss(lambda loss, gb: tf.reduce_sum(loss) / gb, 16, 1)
+    with pytest.raises(Wrong, match="divided by its own 8 rows"):
+        workshop.check_replica_loss(lambda loss, gb: tf.reduce_mean(loss), 32, 4)
+    with pytest.raises(Wrong, match="divide by global_batch"):
+        workshop.check_replica_loss(lambda loss, gb: tf.reduce_sum(loss), 32, 4)
+    with pytest.raises(Wrong, match="raised"):
+        workshop.check_replica_loss(lambda loss: loss, 32, 4)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    from datasets import Dataset
+
+    from tpu_helpers import records
+
+    rows = Dataset.from_dict(
+        {"input_ids": [[101, 7, 102], [101, 5, 6, 8, 102], [101, 102]], "label": [1, 0, 1]}
+    )
+    folder = tmp_path_factory.mktemp("records")
+    records.write_records(rows, str(folder), progress=False)
+    return records.open_records(str(folder)), rows
+
+
+def test_parse_spec(written):
+    source, rows = written
+    workshop.check_parse_spec(
+        {"input_ids": tf.io.RaggedFeature(tf.int64), "label": tf.io.FixedLenFeature([], tf.int64)},
+        source,
+        rows,
+    )
+    workshop.check_parse_spec(
+        {"input_ids": tf.io.VarLenFeature(tf.int64), "label": tf.io.FixedLenFeature([1], tf.int64)},
+        source,
+        rows,
+    )
+    with pytest.raises(Wrong, match=r"no entry for \['label'\]"):
+        workshop.check_parse_spec({"input_ids": tf.io.VarLenFeature(tf.int64)}, source, rows)
+    with pytest.raises(Wrong, match="its own length"):
+        workshop.check_parse_spec(
+            {
+                "input_ids": tf.io.FixedLenFeature([5], tf.int64),
+                "label": tf.io.FixedLenFeature([], tf.int64),
+            },
+            source,
+            rows,
+        )
+    with pytest.raises(Wrong, match="parsing a record"):
+        workshop.check_parse_spec(
+            {
+                "input_ids": tf.io.VarLenFeature(tf.float32),
+                "label": tf.io.FixedLenFeature([], tf.int64),
+            },
+            source,
+            rows,
+        )
+    with pytest.raises(Wrong, match="does not hold"):
+        workshop.check_parse_spec(
+            {
+                "input_ids": tf.io.VarLenFeature(tf.int64),
+                "label": tf.io.FixedLenFeature([], tf.int64),
+                "attention_mask": tf.io.VarLenFeature(tf.int64),
+            },
+            source,
+            rows,
+        )
+
+
+SPEC = images.ImageSpec(height=4, width=4, mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3))
+
+
+def pipeline_output():
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, size=(2, 4, 4, 3)).astype(np.float64)
+    x = (pixels * SPEC.rescale_factor - np.asarray(SPEC.mean)) / np.asarray(SPEC.std)
+    return np.moveaxis(x, -1, -3)
+
+
+def right_normalize(pixels):
+    x = (np.asarray(pixels) / 255 - np.asarray(SPEC.mean)) / np.asarray(SPEC.std)
+    return np.moveaxis(x, -1, -3)
+
+
+def test_normalize():
+    workshop.check_normalize(right_normalize, SPEC, pipeline_output())
+    with pytest.raises(Wrong, match="Channels go first"):
+        workshop.check_normalize(lambda p: np.moveaxis(right_normalize(p), -3, -1), SPEC, pipeline_output())
+    with pytest.raises(Wrong, match="subtracts mean"):  # ImageNet's constants for another model
+        workshop.check_normalize(
+            lambda p: np.moveaxis((np.asarray(p) / 255 - 0.485) / 0.229, -1, -3),
+            SPEC,
+            pipeline_output(),
+        )
+    with pytest.raises(Wrong, match="rescales by"):
+        workshop.check_normalize(lambda p: right_normalize(p) * 255, SPEC, pipeline_output())
+
+
+def test_head():
+    from types import SimpleNamespace
+
+    def model(num_labels, names):
+        return SimpleNamespace(
+            config=SimpleNamespace(num_labels=num_labels, id2label=dict(enumerate(names)))
+        )
+
+    classes = ["a", "b", "c"]
+    workshop.check_head(model(3, classes), classes)
+    with pytest.raises(Wrong, match="1000 outputs"):
+        workshop.check_head(model(1000, [f"LABEL_{i}" for i in range(1000)]), classes)
+    with pytest.raises(Wrong, match="id2label"):
+        workshop.check_head(model(3, ["LABEL_0", "LABEL_1", "LABEL_2"]), classes)
+
+
+def test_same_values():
+    def reference(x):
+        return x * 2 if float(tf.reduce_sum(x)) > 3 else tf.zeros_like(x)
+
+    inputs = [tf.constant([1.0, 1.0]), tf.constant([2.0, 3.0])]
+    workshop.check_same_values(lambda x: tf.where(tf.reduce_sum(x) > 3, x * 2, 0.0), reference, inputs)
+    with pytest.raises(Wrong, match="both branches"):
+        workshop.check_same_values(lambda x: x * 2, reference, inputs)
+
+
+def test_static_loss():
+    labels = tf.constant([1, -100, 0])
+    logits = tf.random.stateless_normal([3, 4], seed=[0, 1])
+    keep = labels >= 0
+    reference = tf.reduce_mean(
+        tf.keras.losses.sparse_categorical_crossentropy(labels[keep], logits[keep], from_logits=True)
+    )
+
+    def good(labels, logits):
+        keep = labels >= 0
+        loss = tf.keras.losses.sparse_categorical_crossentropy(
+            tf.where(keep, labels, 0), logits, from_logits=True
+        )
+        kept = tf.reduce_sum(tf.cast(keep, loss.dtype))
+        return tf.reduce_sum(tf.where(keep, loss, 0.0)) / tf.maximum(kept, 1.0)
+
+    def no_guard(labels, logits):
+        keep = tf.cast(labels >= 0, tf.float32)
+        loss = tf.keras.losses.sparse_categorical_crossentropy(
+            tf.maximum(labels, 0), logits, from_logits=True
+        )
+        return tf.reduce_sum(loss * keep) / tf.reduce_sum(keep)
+
+    def unmasked(labels, logits):
+        return tf.reduce_mean(
+            tf.keras.losses.sparse_categorical_crossentropy(
+                tf.maximum(labels, 0), logits, from_logits=True
+            )
+        )
+
+    workshop.check_static_loss(good, labels, logits, reference)
+    with pytest.raises(Wrong, match="tf.maximum"):
+        workshop.check_static_loss(no_guard, labels, logits, reference)
+    with pytest.raises(Wrong, match="multiply"):
+        workshop.check_static_loss(unmasked, labels, logits, reference)
+
+
+def test_positions():
+    workshop.check_positions(130, "roberta", 128)
+    workshop.check_positions(128, "bert", 128)
+    workshop.check_positions(514, "roberta", 512, pad_token_id=1)
+    with pytest.raises(Wrong, match="Fix: 130"):
+        workshop.check_positions(128, "roberta", 128)
+    with pytest.raises(Wrong, match="never used"):
+        workshop.check_positions(130, "bert", 128)
+    with pytest.raises(Wrong, match="positive integer"):
+        workshop.check_positions(0, "bert", 128)
+
+
+def test_schedule():
+    from transformers import create_optimizer
+
+    _, schedule = create_optimizer(1e-4, 100, 10, weight_decay_rate=0.01)
+    workshop.check_schedule(schedule, 1e-4, 100, 0.1)
+    _, no_warmup = create_optimizer(1e-4, 100, 0)
+    with pytest.raises(Wrong, match="warmup from"):
+        workshop.check_schedule(no_warmup, 1e-4, 100, 0.1)
+    _, too_long = create_optimizer(1e-4, 1000, 10)
+    with pytest.raises(Wrong, match="still"):
+        workshop.check_schedule(too_long, 1e-4, 100, 0.1)
+    with pytest.raises(Wrong, match="not 0.0001"):
+        workshop.check_schedule(lambda step: 1e-3 * min(1.0, step / 10), 1e-4, 100, 0.1)
