@@ -78,7 +78,9 @@ def test_compiled():
     with pytest.raises(Wrong, match="from_logits=True"):
         workshop.check_compiled(compiled(loss="sparse_categorical_crossentropy"), 3e-5)
     with pytest.raises(Wrong, match="does not take logits"):
-        workshop.check_compiled(compiled(loss=tf.keras.losses.SparseCategoricalCrossentropy()), 3e-5)
+        workshop.check_compiled(
+            compiled(loss=tf.keras.losses.SparseCategoricalCrossentropy()), 3e-5
+        )
     with pytest.raises(Wrong, match="weighted_metrics"):
         workshop.check_compiled(compiled(weighted_metrics=None, metrics=["accuracy"]), 3e-5)
 
@@ -132,7 +134,7 @@ def test_parse_spec(written):
     )
     with pytest.raises(Wrong, match=r"no entry for \['label'\]"):
         workshop.check_parse_spec({"input_ids": tf.io.VarLenFeature(tf.int64)}, source, rows)
-    with pytest.raises(Wrong, match="its own length"):
+    with pytest.raises(Wrong, match="(?i)its own length"):
         workshop.check_parse_spec(
             {
                 "input_ids": tf.io.FixedLenFeature([5], tf.int64),
@@ -150,7 +152,7 @@ def test_parse_spec(written):
             source,
             rows,
         )
-    with pytest.raises(Wrong, match="does not hold"):
+    with pytest.raises(Wrong, match="do not hold"):
         workshop.check_parse_spec(
             {
                 "input_ids": tf.io.VarLenFeature(tf.int64),
@@ -180,7 +182,9 @@ def right_normalize(pixels):
 def test_normalize():
     workshop.check_normalize(right_normalize, SPEC, pipeline_output())
     with pytest.raises(Wrong, match="Channels go first"):
-        workshop.check_normalize(lambda p: np.moveaxis(right_normalize(p), -3, -1), SPEC, pipeline_output())
+        workshop.check_normalize(
+            lambda p: np.moveaxis(right_normalize(p), -3, -1), SPEC, pipeline_output()
+        )
     with pytest.raises(Wrong, match="subtracts mean"):  # ImageNet's constants for another model
         workshop.check_normalize(
             lambda p: np.moveaxis((np.asarray(p) / 255 - 0.485) / 0.229, -1, -3),
@@ -212,7 +216,9 @@ def test_same_values():
         return x * 2 if float(tf.reduce_sum(x)) > 3 else tf.zeros_like(x)
 
     inputs = [tf.constant([1.0, 1.0]), tf.constant([2.0, 3.0])]
-    workshop.check_same_values(lambda x: tf.where(tf.reduce_sum(x) > 3, x * 2, 0.0), reference, inputs)
+    workshop.check_same_values(
+        lambda x: tf.where(tf.reduce_sum(x) > 3, x * 2, 0.0), reference, inputs
+    )
     with pytest.raises(Wrong, match="both branches"):
         workshop.check_same_values(lambda x: x * 2, reference, inputs)
 
@@ -222,7 +228,9 @@ def test_static_loss():
     logits = tf.random.stateless_normal([3, 4], seed=[0, 1])
     keep = labels >= 0
     reference = tf.reduce_mean(
-        tf.keras.losses.sparse_categorical_crossentropy(labels[keep], logits[keep], from_logits=True)
+        tf.keras.losses.sparse_categorical_crossentropy(
+            labels[keep], logits[keep], from_logits=True
+        )
     )
 
     def good(labels, logits):
