@@ -211,8 +211,22 @@ def main() -> None:
         print(f"| {name} | {rate:,.0f} | {rate / ceiling:.0%} | {rate / tut_rate:.1f}x |")
     fixed_rate = rates[readers[2][0]]
     print(
-        f"\nbucketed / fixed-length reader (same examples, local, 1 file at a time):"
+        f"\nbucketed / fixed-length reader, best rates above:"
         f" {rates[readers[-1][0]] / fixed_rate:.2f}"
+    )
+    # The same ratio measured in alternating pairs (fixed, then bucketed, --repeats
+    # times), so that a machine whose speed drifts during the run moves both sides alike.
+    fixed_ds, bucketed_ds = ours_read("local", 1)(), bucketed_read()
+    n_fixed, n_bucketed = count_examples(fixed_ds), count_examples(bucketed_ds)  # warm
+    pairs = []
+    for _ in range(args.repeats):
+        t_fixed = best(lambda: count_examples(fixed_ds), 1)
+        t_bucketed = best(lambda: count_examples(bucketed_ds), 1)
+        pairs.append((n_bucketed / t_bucketed) / (n_fixed / t_fixed))
+    print(
+        "bucketed / fixed-length reader (same examples, local, 1 file at a time), in"
+        f" alternating pairs: median {float(np.median(pairs)):.2f}"
+        f" (pairs: {', '.join(f'{r:.2f}' for r in pairs)})"
     )
 
     # --- memory
