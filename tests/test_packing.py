@@ -1,0 +1,211 @@
+"""Packed fine-tuning: the packing is exact and tight, and the packed forward pass of each
+covered family equals running every example alone (logits and gradients)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_helpers import packing
+
+RNG = np.random.default_rng(0)
+
+
+def test_pack_rows_places_every_example_once_within_the_limits():
+    lengths = RNG.integers(3, 60, size=500)
+    rows = packing.pack_rows(lengths, 128, max_per_row=6, seed=1)
+    placed = sorted(i for r in rows for i in r)
+    assert placed == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in r) <= 128 and 1 <= len(r) <= 6 for r in rows)
+    # tight: no two rows could be merged
+    totals = sorted(sum(lengths[i] for i in r) for r in rows if len(r) <= 3)
+    assert len(totals) < 2 or totals[0] + totals[1] > 128
+    assert rows == packing.pack_rows(lengths, 128, max_per_row=6, seed=1)  # deterministic
+    assert rows != packing.pack_rows(lengths, 128, max_per_row=6, seed=2)  # per-epoch seeds
+
+
+def test_pack_rows_refuses_examples_longer_than_the_row():
+    with pytest.raises(ValueError, match="max_length=16"):
+        packing.pack_rows([4, 20, 3], 16)
+
+
+def test_packing_the_cola_like_fixture_is_nearly_all_real_tokens(fixtures_dir):
+    from datasets import load_dataset
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+    sentences = load_dataset(str(fixtures_dir / "cola"))["train"]["sentence"]
+    lengths = [
+        len(ids) for ids in tokenizer(list(sentences), truncation=True, max_length=128)["input_ids"]
+    ]
+    rows = packing.pack_rows(lengths, 128, max_per_row=16)
+    report = packing.pack_report(lengths, rows, 128)
+    print(report)
+    assert report.examples == len(lengths)
+    assert report.real_token_share >= 0.95, report
+
+
+def test_packed_arrays_hold_each_example_with_restarted_positions():
+    examples = [list(RNG.integers(5, 99, size=n)) for n in (5, 3, 7, 2, 6, 4)]
+    labels = [0, 1, 2, 1, 0, 2]
+    rows = packing.pack_rows([len(e) for e in examples], 12, max_per_row=3)
+    arrays = packing.packed_arrays(examples, labels, rows, 12, 3, pad_token_id=0)
+    assert arrays["input_ids"].shape == (len(rows), 12)
+    assert arrays["weights"].sum() == len(examples)
+    for r, row in enumerate(rows):
+        for slot, index in enumerate(row):
+            cols = np.flatnonzero(arrays["segment_ids"][r] == slot + 1)
+            assert cols[0] == arrays["starts"][r, slot]
+            assert arrays["input_ids"][r, cols].tolist() == examples[index]
+            assert arrays["position_ids"][r, cols].tolist() == list(range(len(examples[index])))
+            assert arrays["labels"][r, slot] == labels[index]
+        assert arrays["weights"][r, len(row) :].sum() == 0
+        assert (arrays["input_ids"][r][arrays["segment_ids"][r] == 0] == 0).all()
+
+
+def tiny_model(family):
+    from transformers import AutoConfig, TFAutoModelForSequenceClassification
+
+    sizes = {"vocab_size": 100, "num_labels": 3}
+    if family == "distilbert":
+        sizes.update(dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64)
+        sizes.update(dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)
+    else:
+        sizes.update(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+        if family == "electra":
+            sizes["embedding_size"] = 16  # exercises its projection to the hidden size
+        if family == "roberta":
+            sizes.update(pad_token_id=1, max_position_embeddings=66)
+    config = AutoConfig.for_model(family, **sizes)
+    tf.keras.utils.set_random_seed(0)
+    model = TFAutoModelForSequenceClassification.from_config(config)
+    model(model.dummy_inputs)
+    return model
+
+
+def packed_batch(examples, labels, width=24, per_row=3, pad=0):
+    rows = packing.pack_rows([len(e) for e in examples], width, max_per_row=per_row)
+    arrays = packing.packed_arrays(examples, labels, rows, width, per_row, pad_token_id=pad)
+    features = {
+        k: tf.constant(arrays[k]) for k in ("input_ids", "segment_ids", "position_ids", "starts")
+    }
+    return rows, features, arrays
+
+
+def alone(model, example):
+    ids = tf.constant([example])
+    return model(input_ids=ids, attention_mask=tf.ones_like(ids), training=False).logits[0]
+
+
+EXAMPLES = [
+    [2, 11, 12, 13, 3],
+    [2, 21, 22, 3],
+    [2, 31, 32, 33, 34, 35, 3],
+    [2, 41, 3],
+    [2, 51, 52, 53, 54, 3],
+    [2, 61, 62, 63, 64, 65, 66, 67, 3],
+]
+LABELS = [0, 1, 2, 1, 0, 2]
+
+
+@pytest.mark.parametrize("family", packing.FAMILIES)
+def test_packed_logits_equal_each_example_alone(family):
+    model = tiny_model(family)
+    pad = model.config.pad_token_id or 0
+    rows, features, _ = packed_batch(EXAMPLES, LABELS, pad=pad)
+    assert any(len(r) > 1 for r in rows)
+    logits = packing.PackedClassifier(model)(features).numpy()
+    assert logits.shape == (len(rows), 3, 3)
+    for r, row in enumerate(rows):
+        for slot, index in enumerate(row):
+            np.testing.assert_allclose(logits[r, slot], alone(model, EXAMPLES[index]), atol=2e-5)
+
+
+@pytest.mark.parametrize("family", packing.FAMILIES)
+def test_packed_gradients_equal_the_unpacked_ones(family):
+    model = tiny_model(family)
+    pad = model.config.pad_token_id or 0
+    rows, features, arrays = packed_batch(EXAMPLES, LABELS, pad=pad)
+    packed = packing.PackedClassifier(model)
+    with tf.GradientTape() as tape:
+        loss = packing.packed_loss(arrays["labels"], packed(features), arrays["weights"])
+    ours = tape.gradient(loss, model.trainable_variables)
+    with tf.GradientTape() as tape:
+        per_example = [
+            tf.keras.losses.sparse_categorical_crossentropy(y, alone(model, e), from_logits=True)
+            for e, y in zip(EXAMPLES, LABELS, strict=True)
+        ]
+        reference = tf.add_n(per_example) / len(EXAMPLES)
+    theirs = tape.gradient(reference, model.trainable_variables)
+    np.testing.assert_allclose(float(loss), float(reference), rtol=1e-5)
+    for variable, a, b in zip(model.trainable_variables, ours, theirs, strict=True):
+        if b is None:  # e.g. the BERT pooler of an unused branch
+            assert a is None or not np.any(tf.convert_to_tensor(a)), variable.name
+            continue
+        np.testing.assert_allclose(
+            tf.convert_to_tensor(a),
+            tf.convert_to_tensor(b),
+            atol=2e-6,
+            rtol=1e-4,
+            err_msg=variable.name,
+        )
+
+
+@pytest.mark.parametrize("family", packing.FAMILIES)
+def test_an_example_never_sees_its_neighbours(family):
+    model = tiny_model(family)
+    pad = model.config.pad_token_id or 0
+    rows, features, arrays = packed_batch(EXAMPLES, LABELS, pad=pad)
+    packed = packing.PackedClassifier(model)
+    before = packed(features).numpy()
+    r = next(i for i, row in enumerate(rows) if len(row) > 1)
+    changed = dict(features)
+    ids = arrays["input_ids"].copy()
+    ids[r][arrays["segment_ids"][r] == 2] = 77  # every token of the row's second example
+    changed["input_ids"] = tf.constant(ids)
+    after = packed(changed).numpy()
+    np.testing.assert_allclose(after[r, 0], before[r, 0], atol=1e-6)  # its neighbour: same
+    assert np.abs(after[r, 1] - before[r, 1]).max() > 1e-4  # itself: moved
+
+
+def test_other_families_are_refused():
+    from types import SimpleNamespace
+
+    with pytest.raises(ValueError, match="covers bert"):
+        packing.PackedClassifier(SimpleNamespace(config=SimpleNamespace(model_type="gpt2")))
+
+
+def test_the_packed_model_saves_and_loads_as_an_ordinary_checkpoint(tmp_path):
+    from transformers import TFAutoModelForSequenceClassification
+
+    model = tiny_model("bert")
+    _, features, _ = packed_batch(EXAMPLES, LABELS)
+    before = packing.PackedClassifier(model)(features).numpy()
+    model.save_pretrained(str(tmp_path))
+    reloaded = TFAutoModelForSequenceClassification.from_pretrained(str(tmp_path))
+    np.testing.assert_allclose(packing.PackedClassifier(reloaded)(features), before, atol=1e-6)
+    np.testing.assert_allclose(
+        reloaded(input_ids=tf.constant([EXAMPLES[0]])).logits[0],
+        alone(model, EXAMPLES[0]),
+        atol=1e-6,
+    )
+
+
+def test_the_packed_forward_pass_compiles_with_xla():
+    from tpu_helpers import xla
+
+    model = tiny_model("bert")
+    _, features, _ = packed_batch(EXAMPLES, LABELS)
+    packed = packing.PackedClassifier(model)
+    hlo = xla.compiled_hlo(lambda f: packed(f), features)
+    assert not xla.dynamic_shape_ops(hlo)
+    if xla.xla_target().runs:
+        out = xla.compile_and_run(lambda f: packed(f), features)
+        np.testing.assert_allclose(out, packed(features), atol=1e-5)
