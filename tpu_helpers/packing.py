@@ -278,3 +278,89 @@ def packed_loss(labels, logits, weights):
     per_slot = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
     weights = tf.cast(weights, per_slot.dtype)
     return tf.reduce_sum(per_slot * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+
+
+# --- data and training ------------------------------------------------------------------------
+def packed_dataset(
+    input_ids: Sequence[Sequence[int]],
+    labels: Sequence[int],
+    width: int,
+    batch_size: int,
+    max_per_row: int = 8,
+    seed: int | None = 0,
+    pad_token_id: int = 0,
+    shuffle: bool = True,
+):
+    """``(tf.data.Dataset, steps)``: batches of ``batch_size`` packed rows, one shape,
+    ``(features, labels, weights)`` with labels and weights per slot. The rows are packed
+    with ``seed`` (pass ``seed + epoch`` for a new packing each epoch) and shuffled; the
+    last batch is completed with empty rows (every weight 0), so every example is used
+    exactly once with weight 1 and no batch is short."""
+    import tensorflow as tf
+
+    rows = pack_rows([len(ids) for ids in input_ids], width, max_per_row, seed)
+    if shuffle:
+        order = np.random.default_rng(seed).permutation(len(rows))
+        rows = [rows[i] for i in order]
+    arrays = packed_arrays(input_ids, labels, rows, width, max_per_row, pad_token_id)
+    steps = -(-len(rows) // batch_size)
+    missing = steps * batch_size - len(rows)
+    if missing:
+        for name, values in arrays.items():
+            filler = np.full((missing,) + values.shape[1:], 0, values.dtype)
+            if name == "input_ids":
+                filler[:] = pad_token_id
+            arrays[name] = np.concatenate([values, filler])
+    features = {k: arrays[k] for k in ("input_ids", "segment_ids", "position_ids", "starts")}
+    ds = tf.data.Dataset.from_tensor_slices((features, arrays["labels"], arrays["weights"]))
+    ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    return ds, steps
+
+
+def packed_keras_model(model):
+    """A Keras model that trains ``model`` (a covered TF sequence classifier) on packed
+    batches with ``fit``: ``call`` gives the packed logits, the loss is the mean
+    cross-entropy over the weighted slots (``packed_loss``), the metrics are the loss and
+    the accuracy over those slots. Create and compile it inside ``strategy.scope()``; save
+    the fine-tuned weights with ``model.save_pretrained`` (the wrapped model)."""
+    import tensorflow as tf
+
+    class PackedModel(tf.keras.Model):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner  # tracked: its variables are this model's
+            self.packed = PackedClassifier(inner)
+            self.loss_tracker = tf.keras.metrics.Mean("loss")
+            self.accuracy = tf.keras.metrics.SparseCategoricalAccuracy("accuracy")
+
+        @property
+        def metrics(self):
+            return [self.loss_tracker, self.accuracy]
+
+        def call(self, features, training=False):
+            return self.packed(features, training=training)
+
+        def _scores(self, data, training):
+            features, labels, weights = data
+            logits = self(features, training=training)
+            loss = packed_loss(labels, logits, weights)
+            return logits, labels, weights, loss
+
+        def train_step(self, data):
+            with tf.GradientTape() as tape:
+                logits, labels, weights, loss = self._scores(data, True)
+                replicas = tf.distribute.get_strategy().num_replicas_in_sync
+                scaled = loss / replicas  # the replicas' gradients are summed
+            grads = tape.gradient(scaled, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+            return self._update(logits, labels, weights, loss)
+
+        def test_step(self, data):
+            return self._update(*self._scores(data, False))
+
+        def _update(self, logits, labels, weights, loss):
+            self.loss_tracker.update_state(loss, sample_weight=tf.reduce_sum(weights))
+            self.accuracy.update_state(labels, logits, sample_weight=weights)
+            return {m.name: m.result() for m in self.metrics}
+
+    return PackedModel(model)

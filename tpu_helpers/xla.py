@@ -72,6 +72,9 @@ def _element_stats(element) -> tuple[tuple, int, int]:
     if isinstance(features, dict) and "attention_mask" in features:
         mask = np.asarray(features["attention_mask"])
         return key, int(mask.sum()), int(mask.size)
+    if isinstance(features, dict) and "segment_ids" in features:  # packed rows
+        segments = np.asarray(features["segment_ids"])
+        return key, int((segments > 0).sum()), int(segments.size)
     return key, 0, 0
 
 
@@ -79,8 +82,8 @@ def shape_report(dataset, n: int = 50) -> ShapeReport:
     """Look at the first ``n`` batches of ``dataset`` (a plain ``tf.data.Dataset`` or any
     iterable of batches) and count shapes.
 
-    A shape is the tuple of every feature's shape; ``attention_mask`` (if present) gives
-    the padding share.
+    A shape is the tuple of every feature's shape; ``attention_mask`` (if present), or
+    the ``segment_ids`` of packed rows (0: padding), gives the padding share.
     """
     from itertools import islice
 
