@@ -231,9 +231,15 @@ def test_packed_dataset_uses_every_example_once_at_one_shape():
                 if w[r, slot] > 0:
                     seen.append((tuple(ids[r][seg[r] == slot + 1]), int(y[r, slot])))
     assert sorted(seen) == sorted((tuple(e), int(y)) for e, y in zip(examples, labels, strict=True))
-    again, _ = packing.packed_dataset(examples, labels, 24, 4, 4, seed=4)
-    first = next(iter(again))[0]["input_ids"].numpy()
-    assert not np.array_equal(first, batches[0][0]["input_ids"].numpy())  # another epoch
+    two, steps2 = packing.packed_dataset(examples, labels, 24, 4, 4, seed=3, epochs=2)
+    two = list(two)
+    assert len(two) == 2 * steps2 and steps2 >= steps
+    for epoch in (two[:steps2], two[steps2:]):  # each epoch: every example once
+        assert sum(float(w.numpy().sum()) for _, _, w in epoch) == len(examples)
+    first, second = (
+        np.concatenate([b[0]["input_ids"].numpy() for b in e]) for e in (two[:steps2], two[steps2:])
+    )
+    assert not np.array_equal(first, second)  # packed and ordered anew
 
 
 def test_fit_trains_the_wrapped_model_on_packed_batches():

@@ -275,6 +275,7 @@ def packed_loss(labels, logits, weights):
     """Mean cross-entropy over the slots with weight > 0 (0 when there are none)."""
     import tensorflow as tf
 
+    logits = tf.cast(logits, tf.float32)  # bfloat16 logits under mixed precision
     per_slot = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
     weights = tf.cast(weights, per_slot.dtype)
     return tf.reduce_sum(per_slot * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
@@ -287,30 +288,36 @@ def packed_dataset(
     width: int,
     batch_size: int,
     max_per_row: int = 8,
-    seed: int | None = 0,
+    seed: int = 0,
     pad_token_id: int = 0,
-    shuffle: bool = True,
+    epochs: int = 1,
 ):
-    """``(tf.data.Dataset, steps)``: batches of ``batch_size`` packed rows, one shape,
-    ``(features, labels, weights)`` with labels and weights per slot. The rows are packed
-    with ``seed`` (pass ``seed + epoch`` for a new packing each epoch) and shuffled; the
-    last batch is completed with empty rows (every weight 0), so every example is used
-    exactly once with weight 1 and no batch is short."""
+    """``(tf.data.Dataset, steps per epoch)``: ``epochs`` epochs of batches of
+    ``batch_size`` packed rows, one shape, ``(features, labels, weights)`` with labels and
+    weights per slot. Epoch ``e`` is packed and its rows shuffled with ``seed + e``, so
+    each epoch groups the examples differently; every epoch has the same number of steps
+    (the most any epoch's packing needs), its last batches completed with empty rows
+    (every weight 0): each example is used exactly once per epoch with weight 1."""
     import tensorflow as tf
 
-    rows = pack_rows([len(ids) for ids in input_ids], width, max_per_row, seed)
-    if shuffle:
-        order = np.random.default_rng(seed).permutation(len(rows))
-        rows = [rows[i] for i in order]
-    arrays = packed_arrays(input_ids, labels, rows, width, max_per_row, pad_token_id)
-    steps = -(-len(rows) // batch_size)
-    missing = steps * batch_size - len(rows)
-    if missing:
+    lengths = [len(ids) for ids in input_ids]
+    packings = []
+    for epoch in range(epochs):
+        rows = pack_rows(lengths, width, max_per_row, seed + epoch)
+        order = np.random.default_rng(seed + epoch).permutation(len(rows))
+        packings.append([rows[i] for i in order])
+    steps = max(-(-len(rows) // batch_size) for rows in packings)
+    parts = []
+    for rows in packings:
+        arrays = packed_arrays(input_ids, labels, rows, width, max_per_row, pad_token_id)
+        missing = steps * batch_size - len(rows)
         for name, values in arrays.items():
-            filler = np.full((missing,) + values.shape[1:], 0, values.dtype)
+            filler = np.full((missing, *values.shape[1:]), 0, values.dtype)
             if name == "input_ids":
                 filler[:] = pad_token_id
             arrays[name] = np.concatenate([values, filler])
+        parts.append(arrays)
+    arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     features = {k: arrays[k] for k in ("input_ids", "segment_ids", "position_ids", "starts")}
     ds = tf.data.Dataset.from_tensor_slices((features, arrays["labels"], arrays["weights"]))
     ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
