@@ -254,3 +254,17 @@ def test_fit_trains_the_wrapped_model_on_packed_batches():
     # the wrapped (unpacked) model learned it: it classifies the examples alone too
     predicted = [int(np.argmax(alone(model, e))) for e in EXAMPLES]
     assert np.mean(np.array(predicted) == np.array(LABELS)) > 0.6
+
+
+def test_preflight_passes_a_packed_model_and_reads_its_padding_from_segment_ids():
+    from tpu_helpers import xla
+
+    model = tiny_model("roberta")
+    ds, _ = packing.packed_dataset(EXAMPLES * 4, LABELS * 4, 24, 4, max_per_row=3, pad_token_id=1)
+    report = xla.preflight(model, ds, batches=2, train_step=packing.packed_train_step(model))
+    text = str(report)
+    print(text)
+    assert "1 distinct shape(s)" in text
+    padding = next(line for line in text.splitlines() if "padding" in line and "%" in line)
+    assert padding.startswith("PASS")
+    assert "compiles with XLA" in text

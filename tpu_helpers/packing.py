@@ -371,3 +371,21 @@ def packed_keras_model(model):
             return {m.name: m.result() for m in self.metrics}
 
     return PackedModel(model)
+
+
+def packed_train_step(model):
+    """``step(features, labels, weights) -> (loss, gradients)`` on packed batches, for
+    ``xla.preflight(model, packed_ds, train_step=packed_train_step(model))``: the check of
+    a packed model and its data before any TPU time (one shape, the padding share from
+    ``segment_ids``, the step compiled with XLA)."""
+    import tensorflow as tf
+
+    packed = PackedClassifier(model)
+
+    def step(features, labels, weights):
+        with tf.GradientTape() as tape:
+            loss = packed_loss(labels, packed(features, training=True), weights)
+        grads = tape.gradient(loss, model.trainable_variables)
+        return loss, [tf.convert_to_tensor(g) for g in grads if g is not None]
+
+    return step
