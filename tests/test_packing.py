@@ -219,6 +219,9 @@ def test_packed_dataset_uses_every_example_once_at_one_shape():
     ds, steps = packing.packed_dataset(examples, labels, 24, batch_size=4, max_per_row=4, seed=3)
     batches = list(ds)
     assert len(batches) == steps == int(ds.cardinality())
+    report = ds.pack_report
+    assert report.examples == len(examples) and report.real_tokens == sum(map(len, examples))
+    assert report.rows <= steps * 4 < report.rows + 4
     shapes = xla.shape_report(ds, n=steps)
     assert shapes.distinct == 1 and shapes.batches == steps
     real = sum(len(e) for e in examples)
@@ -268,3 +271,10 @@ def test_preflight_passes_a_packed_model_and_reads_its_padding_from_segment_ids(
     padding = next(line for line in text.splitlines() if "padding" in line and "%" in line)
     assert padding.startswith("PASS")
     assert "compiles with XLA" in text
+
+
+def test_rows_per_replica_keeps_the_examples_per_step():
+    lengths = [10] * 30 + [30] * 10  # mean 15
+    assert packing.rows_per_replica(lengths, 16, 60) == 4  # 4 rows of ~4 examples
+    assert packing.rows_per_replica(lengths, 16, 128) == 2
+    assert packing.rows_per_replica([100], 1, 128) == 1  # never 0

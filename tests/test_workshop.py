@@ -45,7 +45,7 @@ def test_widths_accepts_good_ones_and_returns_the_share():
     [
         ([], "empty"),
         ([8, 16, 24, 32, 64], "at most 4"),
-        ([32, 16, 64], "must increase"),
+        ([32, 16, 64], "increasing"),
         ([12, 64], "multiples of 8"),
         ([16, 32], "shorter than the longest"),
         ([16, 256], "exceeds max_length"),

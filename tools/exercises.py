@@ -219,8 +219,8 @@ def _check_cell_follows(notebook: dict, index: int, exercise: Exercise) -> None:
     )
 
 
-def exercises_of(notebook: dict, number: str) -> list[Exercise]:
-    """The notebook's exercises, checked: 2 to 4 of them, each followed by a check cell."""
+def checked_exercises(notebook: dict, number: str) -> list[tuple[int, Exercise, int, int]]:
+    """``find_exercises``, checked: 2 to 4 exercises, each followed by a check cell."""
     found = find_exercises(notebook, number)
     if not MIN_EXERCISES <= len(found) <= MAX_EXERCISES:
         raise ExerciseFormatError(
@@ -229,7 +229,12 @@ def exercises_of(notebook: dict, number: str) -> list[Exercise]:
         )
     for index, exercise, _, _ in found:
         _check_cell_follows(notebook, index, exercise)
-    return [exercise for _, exercise, _, _ in found]
+    return found
+
+
+def exercises_of(notebook: dict, number: str) -> list[Exercise]:
+    """The notebook's exercises, checked as ``checked_exercises`` does."""
+    return [exercise for _, exercise, _, _ in checked_exercises(notebook, number)]
 
 
 def _prompt_cell(exercise: Exercise) -> dict:
@@ -270,9 +275,7 @@ def _relink(lines: list[str], out_of_folder: bool) -> list[str]:
 
 def generate(notebook: dict, name: str) -> dict:
     """The exercise edition of solution notebook ``notebook`` (file name ``name``)."""
-    number = name[:2]
-    found = find_exercises(notebook, number)
-    exercises_of(notebook, number)  # validates count and check cells
+    found = checked_exercises(notebook, name[:2])
     by_cell: dict[int, list[tuple[Exercise, int, int]]] = {}
     for index, exercise, start, stop in found:
         by_cell.setdefault(index, []).append((exercise, start, stop))

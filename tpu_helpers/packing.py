@@ -103,6 +103,13 @@ def pack_report(lengths: Sequence[int], rows: list[list[int]], width: int) -> Pa
     return PackReport(len(rows), used, int(sum(lengths[i] for r in rows for i in r)), width)
 
 
+def rows_per_replica(lengths: Sequence[int], per_replica_batch: int, width: int) -> int:
+    """Packed rows a replica takes per step to see about as many examples as an unpacked
+    batch of ``per_replica_batch`` (rows hold ``width / mean length`` examples): the same
+    number of steps per epoch, so a learning rate and schedule carry over."""
+    return max(1, round(per_replica_batch * float(np.mean(lengths)) / width))
+
+
 def packed_arrays(
     input_ids: Sequence[Sequence[int]],
     labels: Sequence[int],
@@ -183,7 +190,7 @@ class PackedClassifier:
     def __init__(self, model):
         self.model = model
         self.family = _family(model)
-        self.main = getattr(model, {"distilbert": "distilbert"}.get(self.family, self.family))
+        self.main = getattr(model, self.family)  # the main layer is named after the family
         if self.family == "roberta":
             self.position_offset = self.main.embeddings.padding_idx + 1
         else:
@@ -297,7 +304,8 @@ def packed_dataset(
     weights per slot. Epoch ``e`` is packed and its rows shuffled with ``seed + e``, so
     each epoch groups the examples differently; every epoch has the same number of steps
     (the most any epoch's packing needs), its last batches completed with empty rows
-    (every weight 0): each example is used exactly once per epoch with weight 1."""
+    (every weight 0): each example is used exactly once per epoch with weight 1.
+    ``dataset.pack_report`` describes the first epoch's packing."""
     import tensorflow as tf
 
     lengths = [len(ids) for ids in input_ids]
@@ -321,6 +329,7 @@ def packed_dataset(
     features = {k: arrays[k] for k in ("input_ids", "segment_ids", "position_ids", "starts")}
     ds = tf.data.Dataset.from_tensor_slices((features, arrays["labels"], arrays["weights"]))
     ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    ds.pack_report = pack_report(lengths, packings[0], width)  # epoch 0's packing
     return ds, steps
 
 

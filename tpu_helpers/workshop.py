@@ -94,20 +94,17 @@ def check_widths(
     more padding than padding everything to the widest. Returns the real-token share and
     prints it next to the share of the helper's data-chosen widths."""
     from tpu_helpers import text
+    from tpu_helpers.validate import check_boundaries
 
     try:
-        widths = [int(b) for b in boundaries]
-    except (TypeError, ValueError):
-        _fail(exercise, f"boundaries={boundaries!r} is not a list of integers.")
-    if not widths:
-        _fail(exercise, "boundaries is empty: give at least one width.")
+        widths = check_boundaries(boundaries)
+    except (TypeError, ValueError) as err:
+        _fail(exercise, str(err))
     if len(widths) > max_shapes:
         _fail(
             exercise,
             f"{len(widths)} widths: each is one more XLA compilation; use at most {max_shapes}.",
         )
-    if widths != sorted(set(widths)):
-        _fail(exercise, f"widths {widths} must increase, each once.")
     odd = [w for w in widths if w % 8]
     if odd:
         _fail(
@@ -411,20 +408,19 @@ def check_positions(
     extra = {} if pad_token_id is None else {"pad_token_id": pad_token_id}
     config = AutoConfig.for_model(model_type, max_position_embeddings=int(positions), **extra)
     limit = position_limit(config)
+    offset = 0 if limit is None else int(positions) - limit  # rows no token position uses
     if limit is not None and limit < block_size:
-        offset = int(positions) - limit
         _fail(
             exercise,
             f"{positions} positions hold {limit} tokens of a {model_type} model (it skips"
             f" the first {offset}), fewer than block_size={block_size}. Fix:"
             f" {block_size + offset}.",
         )
-    needed = block_size + (int(positions) - (limit if limit is not None else int(positions)))
-    if int(positions) > needed:
+    if int(positions) > block_size + offset:
         _fail(
             exercise,
-            f"{positions} positions, {int(positions) - needed} never used: embeddings that no"
-            f" block reaches stay random. {needed} is enough.",
+            f"{positions} positions, {int(positions) - block_size - offset} never used:"
+            f" embeddings that no block reaches stay random. {block_size + offset} is enough.",
         )
     _ok(exercise, f"{positions} positions hold blocks of {block_size} for {model_type}")
 
