@@ -111,6 +111,24 @@ def test_fixed_records_round_trip_on_ram_bucket():
     assert sorted(order) != order and sorted(order) == list(range(300))
 
 
+def test_shuffling_mixes_the_whole_buffer_anew_each_epoch_and_repeats_an_epoch(tmp_path):
+    records.write_records(_fixed_dataset(n=320), str(tmp_path), progress=False)  # one shard
+
+    def order(epoch, **kw):
+        ds = records.read_records(str(tmp_path), 32, seed=3, epoch=epoch, **kw)
+        return [int(x) for f, _, w in ds for x in f["idx"].numpy()[w.numpy() == 1]]
+
+    first = order(0)
+    assert sorted(first) == list(range(320))
+    assert order(0) == first  # the same epoch, the same order (resumption relies on it)
+    assert order(1) != first
+    # one file: only the record shuffle can mix it; the first batch draws from all of it
+    assert max(first[:32]) - min(first[:32]) > 200
+    assert abs(np.corrcoef(first, np.arange(320))[0, 1]) < 0.3  # order and position unrelated
+    # a buffer of 1 record is no shuffle at all
+    assert order(0, shuffle_buffer=1) == list(range(320))
+
+
 def test_shards_rotate_at_the_byte_target():
     data = _fixed_dataset(n=500)
     meta = records.write_records(data, "ram://records-test/bytes", shard_bytes=4000)
@@ -538,13 +556,19 @@ def test_the_input_pipeline_is_tensorflow_ops_only(tmp_path):
         "length": [len(r["input_ids"]) for r in rows],
         "label": [r["label"] for r in rows],
     }
+    import tensorflow as tf
+
+    def python_in(ds):  # a host of a pod slice runs the graph it is sent: no Python in it
+        graph = ds._as_serialized_graph().numpy()
+        return b"PyFunc" in graph or b"GeneratorDataset" in graph
+
+    assert python_in(tf.data.Dataset.from_generator(lambda: iter([1]), tf.int64))
     for ds in (
         records.read_records(str(tmp_path), 8, boundaries=[16, 64], seed=1, repeat=True),
         text.make_text_dataset(split, 8, [16, 64]),
     ):
+        assert not python_in(ds)
         graph = ds._as_serialized_graph().numpy()
-        # a host of a pod slice runs the graph it is sent: no Python in it
-        assert b"PyFunc" not in graph and b"Generator" not in graph
         assert b"TFRecordDataset" in graph or b"TensorSliceDataset" in graph
 
 

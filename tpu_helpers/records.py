@@ -19,9 +19,11 @@ training, and any width can be filled from its own shards.
 Reading (``read_records``) takes that metadata (or a folder, or files and a hand-written
 spec) and plans (``plan_reads``) which shards each input pipeline reads for each width and
 how many steps of each width every pipeline runs, from the metadata alone, so that the
-hosts of a pod slice agree without talking. Each width's shards are read, shuffled in
-blocks, batched raw and parsed and padded with one vectorized op per batch; a schedule of
-widths drawn from ``(seed, epoch)`` picks the width of every step.
+hosts of a pod slice agree without talking. Each width's shards are read by one reader
+op, shuffled through a buffer, batched raw, and parsed and padded with one vectorized op
+per batch; a schedule of widths drawn from ``(seed, epoch)`` picks the width of every
+step. No function runs per width: the cost of a width is a few dataset ops, which is what
+keeps the bucketed reader as fast as the fixed-length one (benchmarks/records.py).
 
 Every path goes through ``tf.io.gfile``: a local folder, ``gs://bucket/prefix`` or
 ``ram://`` all work.
@@ -1162,34 +1164,31 @@ def _batch_maker(source: RecordSource, rows: int, label_column: str | None):
     """``parse(records, width, real)``: one op parses a batch of serialized records and
     pads its variable-length features to ``width`` (a tensor: batches of any width go
     through the same map); a batch shorter than ``rows`` is completed with copies, and
-    rows from ``real`` on weigh 0 (``real=0``: a batch of fillers)."""
+    rows from ``real`` on weigh 0 (``real=0``: a batch of fillers; ``real=-1``: every
+    record of the batch)."""
     import tensorflow as tf
 
     spec = _spec_to_tf(source.features)
     variable, key = _length_key(source.features)
 
     def parse(serialized, width, real):
+        # Few ops per batch: a tf.data function pays for each op it runs, and a cond is
+        # lowered to switch and merge nodes; the gather that completes a short batch with
+        # copies runs on full batches too (an identity there).
         parsed = tf.io.parse_example(serialized, spec)
-        out, lengths = {}, None
+        n = tf.shape(serialized)[0]
+        shape = tf.stack([n, width])
+        if key is not None and "attention_mask" not in parsed:
+            parsed["attention_mask"] = tf.ones_like(parsed[key]).to_tensor(shape=shape)
+        take = tf.range(rows) % n
+        out = {}
         for name, value in parsed.items():
             if name in variable:
-                if name == key:
-                    lengths = tf.minimum(
-                        value.row_lengths(), tf.cast(width, value.row_splits.dtype)
-                    )
-                value = value.to_tensor(shape=tf.stack([tf.shape(serialized)[0], width]))
-            out[name] = value
-        if key is not None and "attention_mask" not in out:
-            out["attention_mask"] = tf.sequence_mask(lengths, width, dtype=tf.int32)
-        n = tf.shape(serialized)[0]
-
-        def complete():  # a short batch: copies of its rows, weight 0
-            take = tf.range(rows) % n
-            return {name: tf.gather(value, take) for name, value in out.items()}
-
-        out = tf.cond(n < rows, complete, lambda: dict(out))
-        out = {n: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for n, v in out.items()}
-        out = {n: tf.ensure_shape(v, [rows, *v.shape[1:]]) for n, v in out.items()}
+                value = value.to_tensor(shape=shape)
+            value = tf.gather(value, take)
+            value = tf.cast(value, tf.int32) if value.dtype == tf.int64 else value
+            out[name] = tf.ensure_shape(value, [rows, *value.shape[1:]])
+        real = tf.where(real < 0, n, real)
         weights = tf.ensure_shape(tf.cast(tf.range(rows) < real, tf.float32), [rows])
         if label_column is None:
             return out, weights
@@ -1197,6 +1196,37 @@ def _batch_maker(source: RecordSource, rows: int, label_column: str | None):
         return out, labels, weights
 
     return parse
+
+
+def _file_reader(names, compression: str):
+    """The records of the files ``names`` (a string vector), one file after another, read
+    by one reader op: ``tf.data.TFRecordDataset`` wraps each file in a ``flat_map``, whose
+    function every new iterator instantiates again (a few milliseconds per width)."""
+    import tensorflow as tf
+
+    variant = tf.raw_ops.TFRecordDataset(
+        filenames=names, compression_type=compression, buffer_size=256 * 1024
+    )
+    return tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string))
+
+
+def _shuffled(ds, buffer: int, seed):
+    """``ds`` (scalar strings) through a shuffle buffer of ``buffer`` records whose order
+    depends on ``seed`` (``[2]`` int64, e.g. from ``_epoch_seed``) alone: ``Dataset.shuffle``
+    would mix in TensorFlow's global seed, which a resumed run may not share."""
+    import tensorflow as tf
+
+    variant = tf.raw_ops.ShuffleDatasetV3(
+        input_dataset=tf.data.experimental.to_variant(ds),
+        buffer_size=tf.constant(buffer, tf.int64),
+        seed=seed[0],
+        seed2=seed[1],
+        seed_generator=tf.raw_ops.DummySeedGenerator(),
+        output_types=[tf.string],
+        output_shapes=[[]],
+        reshuffle_each_iteration=False,
+    )
+    return tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string))
 
 
 def _epoch_seed(seed: int, salt: int, epoch, index=0):
@@ -1241,13 +1271,16 @@ def read_records(
     made on any host: the step widths follow a schedule drawn from ``(seed, epoch)`` alone
     (see ``plan_reads``). Batches of serialized records are parsed and padded in one op.
 
-    Shuffling, from ``(seed, epoch)`` with stateless random ops (the same epoch gives the
-    same order, so a resumed run with ``epoch`` and ``skip_steps`` sees the batches an
-    uninterrupted one would): the file order, the records in blocks of
-    ``shuffle_buffer`` (each block permuted in one op; a per-record shuffle buffer cost a
-    third of the throughput) and the order of the widths. Write shards from data that is not
-    sorted by label. ``seed=None``: a random seed (0 with several input pipelines, which
-    must agree).
+    Shuffling, from ``(seed, epoch)`` alone (the same epoch gives the same order, so a
+    resumed run with ``epoch`` and ``skip_steps`` sees the batches an uninterrupted one
+    would; TensorFlow's global seed plays no part): the file order, the records through a
+    buffer of ``shuffle_buffer`` records (per width), and the order of the widths. Write
+    shards from data that is not sorted by label. ``seed=None``: a random seed (0 with
+    several input pipelines, which must agree).
+
+    tf.data's static graph rewrites are turned off on the returned dataset (the pipeline
+    has its parallel map and prefetch already, and the rewrites cost each new iterator
+    milliseconds per width); ``with_options`` turns them back on for what you add to it.
 
     ``parallel_reads``: files read at once (default 8 for ``gs://``-like paths, where each
     read waits on the network; 1 for local ones). With ``input_context`` (from
@@ -1310,38 +1343,31 @@ def read_records(
         width = tf.constant(plan.widths[slot] or 0, tf.int32)
         paths = plan.files[pipeline][slot]
         wanted = None if plan.steps is None else int(plan.steps[slot]) * local
-        fillers = tf.data.Dataset.from_tensors((filler, width, tf.constant(0)))
+        fillers = tf.data.Dataset.from_tensors((filler, (width, tf.constant(0))))
         if not paths:
             return fillers.repeat(wanted)  # only with several widths: parsed later
         salt = (pipeline + 1) * 1000 + slot
         names = tf.constant(list(paths))
         if shuffle:
             names = tf.random.experimental.stateless_shuffle(names, _epoch_seed(seed, salt, e))
-        files = tf.data.Dataset.from_tensor_slices(names)
         if parallel_reads > 1 and len(paths) > 1:
-            ds = files.interleave(
+            ds = tf.data.Dataset.from_tensor_slices(names).interleave(
                 lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
                 cycle_length=min(parallel_reads, len(paths)),
                 num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=True,
             )
         else:
-            ds = tf.data.TFRecordDataset(files, compression_type=compression)
-        if shuffle:  # permute blocks of records: one op per block, not one per record
-            ds = ds.batch(shuffle_buffer).enumerate()
-            ds = ds.map(
-                lambda k, block: tf.random.experimental.stateless_shuffle(
-                    block, _epoch_seed(seed, salt + 500, e, k)
-                )
-            )
-            ds = ds.rebatch(batch_size)
-        else:
-            ds = ds.batch(batch_size)
+            ds = _file_reader(names, compression)
+        if shuffle:
+            ds = _shuffled(ds, shuffle_buffer, _epoch_seed(seed, salt + 500, e))
+        ds = ds.batch(batch_size)
         if single:  # one width: parse right here, one map per batch
-            ds = ds.map(lambda r: parse(r, width, tf.shape(r)[0]), tf.data.AUTOTUNE)
-            fillers = fillers.map(parse)
-        else:  # parsed after the widths are interleaved
-            ds = ds.map(lambda r: (r, width, tf.shape(r)[0]))
+            ds = ds.map(lambda r: parse(r, width, -1), tf.data.AUTOTUNE)
+            fillers = fillers.map(lambda r, tag: parse(r, *tag))
+        else:  # parsed after the widths are interleaved; tagged without a function
+            tag = tf.data.Dataset.from_tensors((width, tf.constant(-1))).repeat()
+            ds = tf.data.Dataset.zip((ds, tag))
         if wanted is not None:
             have = -(-int(plan.counts[pipeline, slot]) // batch_size)
             if wanted > have:
@@ -1359,7 +1385,7 @@ def read_records(
             order = tf.random.experimental.stateless_shuffle(order, _epoch_seed(seed, 0, e))
         choice = tf.data.Dataset.from_tensor_slices(tf.repeat(order, local))
         chosen = tf.data.Dataset.choose_from_datasets(parts, choice)
-        return chosen.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        return chosen.map(lambda r, tag: parse(r, *tag), num_parallel_calls=tf.data.AUTOTUNE)
 
     # 5. epochs, resumption, counts and options
     if repeat:
@@ -1376,6 +1402,9 @@ def read_records(
         if input_context is not None
         else tf.data.experimental.AutoShardPolicy.FILE
     )
+    # The parse map is parallel and the end prefetched already; running tf.data's static
+    # rewrites costs every new iterator (each epoch of fit) time that grows with the graph.
+    options.experimental_optimization.apply_default_optimizations = False
     if transform is not None:
         ds = transform(ds)
     ds = ds.with_options(options).prefetch(tf.data.AUTOTUNE)
