@@ -1335,7 +1335,6 @@ def read_records(
     compression = source.compression or ""
     parse = _batch_maker(source, batch_size, label_column)
     filler = tf.fill([batch_size], _filler_record(source.features))
-
     single = len(plan.widths) == 1
 
     # 3. per width: this pipeline's shards, shuffled, in batches of serialized records
@@ -1345,7 +1344,7 @@ def read_records(
         wanted = None if plan.steps is None else int(plan.steps[slot]) * local
         fillers = tf.data.Dataset.from_tensors((filler, (width, tf.constant(0))))
         if not paths:
-            return fillers.repeat(wanted)  # only with several widths: parsed later
+            return fillers.repeat(wanted)  # only with several widths
         salt = (pipeline + 1) * 1000 + slot
         names = tf.constant(list(paths))
         if shuffle:
@@ -1362,20 +1361,16 @@ def read_records(
         if shuffle:
             ds = _shuffled(ds, shuffle_buffer, _epoch_seed(seed, salt + 500, e))
         ds = ds.batch(batch_size)
-        if single:  # one width: parse right here, one map per batch
-            ds = ds.map(lambda r: parse(r, width, -1), tf.data.AUTOTUNE)
-            fillers = fillers.map(lambda r, tag: parse(r, *tag))
-        else:  # parsed after the widths are interleaved; tagged without a function
-            tag = tf.data.Dataset.from_tensors((width, tf.constant(-1))).repeat()
-            ds = tf.data.Dataset.zip((ds, tag))
+        # each batch carries its width and real rows (-1: all), by zip: no function
+        tag = tf.data.Dataset.from_tensors((width, tf.constant(-1))).repeat()
+        ds = tf.data.Dataset.zip((ds, tag))
         if wanted is not None:
             have = -(-int(plan.counts[pipeline, slot]) // batch_size)
             if wanted > have:
                 ds = ds.concatenate(fillers.repeat(wanted - have))
         return ds
 
-    # 4. one epoch: the widths in the order of the schedule, the same on every pipeline;
-    # the records are parsed after the widths are interleaved, in one parallel map
+    # 4. one epoch: the widths in the order of the schedule, the same on every pipeline
     def one_epoch(e):
         parts = [width_batches(i, e) for i in range(len(plan.widths))]
         if single:
@@ -1384,10 +1379,10 @@ def read_records(
         if shuffle:
             order = tf.random.experimental.stateless_shuffle(order, _epoch_seed(seed, 0, e))
         choice = tf.data.Dataset.from_tensor_slices(tf.repeat(order, local))
-        chosen = tf.data.Dataset.choose_from_datasets(parts, choice)
-        return chosen.map(lambda r, tag: parse(r, *tag), num_parallel_calls=tf.data.AUTOTUNE)
+        return tf.data.Dataset.choose_from_datasets(parts, choice)
 
-    # 5. epochs, resumption, counts and options
+    # 5. epochs, resumption, counts; then one parallel map parses the raw batches (once per
+    # iterator, not per epoch; skipped steps are not parsed), options
     if repeat:
         ds = tf.data.Dataset.range(epoch, 2**62).flat_map(one_epoch)
     else:
@@ -1396,6 +1391,7 @@ def read_records(
             ds = ds.apply(tf.data.experimental.assert_cardinality(steps * local))
     if skip_steps:
         ds = ds.skip(skip_steps * local)
+    ds = ds.map(lambda r, tag: parse(r, *tag), num_parallel_calls=tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.OFF
