@@ -22,8 +22,9 @@ how many steps of each width every pipeline runs, from the metadata alone, so th
 hosts of a pod slice agree without talking. Each width's shards are read by one reader
 op, shuffled through a buffer, batched raw, and parsed and padded with one vectorized op
 per batch; a schedule of widths drawn from ``(seed, epoch)`` picks the width of every
-step. No function runs per width: the cost of a width is a few dataset ops, which is what
-keeps the bucketed reader as fast as the fixed-length one (benchmarks/records.py).
+step. With files read one after another (the default for local paths) no function runs
+per width, so a width costs a few dataset ops: that keeps the bucketed reader as fast as
+the fixed-length one (benchmarks/records.py).
 
 Every path goes through ``tf.io.gfile``: a local folder, ``gs://bucket/prefix`` or
 ``ram://`` all work.
