@@ -182,13 +182,13 @@ def main() -> None:
         ds = ds.shuffle(n).batch(BATCH, drop_remainder=True)
         return ds.apply(tf.data.experimental.assert_cardinality(n // BATCH))
 
-    def ours_read(kind, parallel):
+    def ours_read(kind, parallel, repeat=False):
         return lambda: records.read_records(
-            shard_dirs[kind], BATCH, seed=0, parallel_reads=parallel
+            shard_dirs[kind], BATCH, seed=0, parallel_reads=parallel, repeat=repeat
         )
 
-    def bucketed_read():
-        return records.read_records(bucketed, BATCH, boundaries=widths, seed=0)
+    def bucketed_read(repeat=False):
+        return records.read_records(bucketed, BATCH, boundaries=widths, seed=0, repeat=repeat)
 
     readers = [
         ("raw records, no parsing (ceiling), local", raw),
@@ -223,10 +223,8 @@ def main() -> None:
         ("1 epoch per pass", 1, 5 * args.repeats),
         ("5 epochs per pass", 5, 2 * args.repeats),
     ):
-        fixed_ds = records.read_records(shard_dirs["local"], BATCH, seed=0, repeat=epochs > 1)
-        bucketed_ds = records.read_records(
-            bucketed, BATCH, boundaries=widths, seed=0, repeat=epochs > 1
-        )
+        fixed_ds = ours_read("local", 1, repeat=epochs > 1)()
+        bucketed_ds = bucketed_read(repeat=epochs > 1)
         fixed_ds = fixed_ds.take(fixed_ds.steps * epochs)
         bucketed_ds = bucketed_ds.take(bucketed_ds.steps * epochs)
         n_fixed, n_bucketed = count_examples(fixed_ds), count_examples(bucketed_ds)  # warm

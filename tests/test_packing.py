@@ -99,6 +99,13 @@ def packed_batch(examples, labels, width=24, per_row=3, pad=0):
     return rows, features, arrays
 
 
+def family_setup(family):
+    """A tiny model of ``family``, the packed batch of EXAMPLES and its classifier."""
+    model = tiny_model(family)
+    rows, features, arrays = packed_batch(EXAMPLES, LABELS, pad=model.config.pad_token_id or 0)
+    return model, rows, features, arrays, packing.PackedClassifier(model)
+
+
 def alone(model, example):
     ids = tf.constant([example])
     return model(input_ids=ids, attention_mask=tf.ones_like(ids), training=False).logits[0]
@@ -117,11 +124,9 @@ LABELS = [0, 1, 2, 1, 0, 2]
 
 @pytest.mark.parametrize("family", packing.FAMILIES)
 def test_packed_logits_equal_each_example_alone(family):
-    model = tiny_model(family)
-    pad = model.config.pad_token_id or 0
-    rows, features, _ = packed_batch(EXAMPLES, LABELS, pad=pad)
+    model, rows, features, _, packed = family_setup(family)
     assert any(len(r) > 1 for r in rows)
-    logits = packing.PackedClassifier(model)(features).numpy()
+    logits = packed(features).numpy()
     assert logits.shape == (len(rows), 3, 3)
     for r, row in enumerate(rows):
         for slot, index in enumerate(row):
@@ -130,10 +135,7 @@ def test_packed_logits_equal_each_example_alone(family):
 
 @pytest.mark.parametrize("family", packing.FAMILIES)
 def test_packed_gradients_equal_the_unpacked_ones(family):
-    model = tiny_model(family)
-    pad = model.config.pad_token_id or 0
-    rows, features, arrays = packed_batch(EXAMPLES, LABELS, pad=pad)
-    packed = packing.PackedClassifier(model)
+    model, _, features, arrays, packed = family_setup(family)
     with tf.GradientTape() as tape:
         loss = packing.packed_loss(arrays["labels"], packed(features), arrays["weights"])
     ours = tape.gradient(loss, model.trainable_variables)
@@ -160,10 +162,7 @@ def test_packed_gradients_equal_the_unpacked_ones(family):
 
 @pytest.mark.parametrize("family", packing.FAMILIES)
 def test_an_example_never_sees_its_neighbours(family):
-    model = tiny_model(family)
-    pad = model.config.pad_token_id or 0
-    rows, features, arrays = packed_batch(EXAMPLES, LABELS, pad=pad)
-    packed = packing.PackedClassifier(model)
+    _, rows, features, arrays, packed = family_setup(family)
     before = packed(features).numpy()
     r = next(i for i, row in enumerate(rows) if len(row) > 1)
     changed = dict(features)

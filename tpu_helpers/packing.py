@@ -320,9 +320,8 @@ def packed_dataset(
         arrays = packed_arrays(input_ids, labels, rows, width, max_per_row, pad_token_id)
         missing = steps * batch_size - len(rows)
         for name, values in arrays.items():
-            filler = np.full((missing, *values.shape[1:]), 0, values.dtype)
-            if name == "input_ids":
-                filler[:] = pad_token_id
+            fill = pad_token_id if name == "input_ids" else 0  # empty rows: weight 0
+            filler = np.full((missing, *values.shape[1:]), fill, values.dtype)
             arrays[name] = np.concatenate([values, filler])
         parts.append(arrays)
     arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
