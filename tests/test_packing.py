@@ -1,5 +1,6 @@
 """Packed fine-tuning: the packing is exact and tight, and the packed forward pass of each
-covered family equals running every example alone (logits and gradients)."""
+covered family equals the model's own call on the same examples, single sentences and
+pairs alike (logits and gradients), through the tokenizer and data path of notebook 01."""
 
 import numpy as np
 import pytest
@@ -62,28 +63,18 @@ def test_packed_arrays_hold_each_example_with_restarted_positions():
         assert (arrays["input_ids"][r][arrays["segment_ids"][r] == 0] == 0).all()
 
 
-def tiny_model(family):
-    from transformers import AutoConfig, TFAutoModelForSequenceClassification
+# Random weights at the usual initializer range (0.02) make a tiny model's logits almost
+# independent of its input (they differ by about 5e-5 between examples), too little for
+# an equality of logits to tell a right mask from a wrong one; at 0.2 they differ by 0.3-0.9.
+SENSITIVE = {"initializer_range": 0.2}
 
-    sizes = {"vocab_size": 100, "num_labels": 3}
-    if family == "distilbert":
-        sizes.update(dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64)
-        sizes.update(dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)
-    else:
-        sizes.update(
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=64,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        )
-        if family == "electra":
-            sizes["embedding_size"] = 16  # exercises its projection to the hidden size
-        if family == "roberta":
-            sizes.update(pad_token_id=1, max_position_embeddings=66)
-    config = AutoConfig.for_model(family, **sizes)
+
+def tiny_model(family):
+    from transformers import TFAutoModelForSequenceClassification
+
+    from tpu_helpers.fixtures import tiny_config
+
+    config = tiny_config(family, 100, 1 if family == "roberta" else 0, 3, **SENSITIVE)
     tf.keras.utils.set_random_seed(0)
     model = TFAutoModelForSequenceClassification.from_config(config)
     model(model.dummy_inputs)
@@ -97,13 +88,6 @@ def packed_batch(examples, labels, width=24, per_row=3, pad=0):
         k: tf.constant(arrays[k]) for k in ("input_ids", "segment_ids", "position_ids", "starts")
     }
     return rows, features, arrays
-
-
-def family_setup(family):
-    """A tiny model of ``family``, the packed batch of EXAMPLES and its classifier."""
-    model = tiny_model(family)
-    rows, features, arrays = packed_batch(EXAMPLES, LABELS, pad=model.config.pad_token_id or 0)
-    return model, rows, features, arrays, packing.PackedClassifier(model)
 
 
 def alone(model, example):
@@ -122,35 +106,125 @@ EXAMPLES = [
 LABELS = [0, 1, 2, 1, 0, 2]
 
 
-@pytest.mark.parametrize("family", packing.FAMILIES)
-def test_packed_logits_equal_each_example_alone(family):
-    model, rows, features, _, packed = family_setup(family)
-    assert any(len(r) > 1 for r in rows)
-    logits = packed(features).numpy()
-    assert logits.shape == (len(rows), 3, 3)
-    for r, row in enumerate(rows):
-        for slot, index in enumerate(row):
-            np.testing.assert_allclose(logits[r, slot], alone(model, EXAMPLES[index]), atol=2e-5)
+# --- every family, through notebook 01's data path ----------------------------------------
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory):
+    """family -> folder of a tiny random checkpoint with its family's kind of tokenizer
+    (built on first use), loaded below with the calls notebook 01 makes."""
+    from tpu_helpers import fixtures
+
+    corpus = [r["sentence"] for r in fixtures.make_cola_like(1, {"train": 400})["train"]]
+    root = tmp_path_factory.mktemp("families")
+    built = {}
+
+    def get(family):
+        if family not in built:
+            fixtures.write_tiny_checkpoint(root / family, family, corpus, **SENSITIVE)
+            built[family] = root / family
+        return built[family]
+
+    return get
 
 
-@pytest.mark.parametrize("family", packing.FAMILIES)
-def test_packed_gradients_equal_the_unpacked_ones(family):
-    model, _, features, arrays, packed = family_setup(family)
+class Family:
+    """A family's tokenizer and classifier, a few MRPC-like examples tokenized and batched
+    by notebook 01's bucketed path, and the same examples packed."""
+
+    def __init__(self, folder, pairs):
+        from datasets import Dataset
+        from transformers import AutoTokenizer, TFAutoModelForSequenceClassification
+
+        from tpu_helpers import fixtures, text
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        tf.keras.utils.set_random_seed(0)
+        self.model = TFAutoModelForSequenceClassification.from_pretrained(str(folder), num_labels=2)
+        rows = fixtures.make_mrpc_like(3, {"train": 10})["train"]
+        split = text.tokenize(
+            Dataset.from_list(rows),
+            self.tokenizer,
+            128,
+            "sentence1",
+            text_pair_column="sentence2" if pairs else None,
+        )
+        self.split = split
+        self.has_types = "token_type_ids" in split.column_names
+        lengths = split["length"]
+        ds = text.make_text_dataset(split, len(rows), [max(lengths)], shuffle=False)
+        self.bucketed, self.labels, _ = next(iter(ds))  # one batch: every example, in order
+        self.width = packing.row_width(lengths, 32)
+        self.rows = packing.pack_rows(lengths, self.width, max_per_row=4)
+        assert any(len(r) > 1 for r in self.rows)
+        types = split["token_type_ids"] if self.has_types else None
+        pad = self.tokenizer.pad_token_id
+        self.arrays = packing.packed_arrays(
+            split["input_ids"], split["label"], self.rows, self.width, 4, pad, types
+        )
+        self.features = {
+            k: tf.constant(v) for k, v in self.arrays.items() if k not in ("labels", "weights")
+        }
+        self.packed = packing.PackedClassifier(self.model)
+
+    def reference(self):
+        """Logits of every example, from the model's own call on the bucketed batch."""
+        return self.model(self.bucketed, training=False).logits.numpy()
+
+    def largest_gap(self, features=None):
+        """The largest difference between a packed example's logits and its own."""
+        logits = self.packed(features or self.features).numpy()
+        reference = self.reference()
+        return max(
+            np.abs(logits[r, slot] - reference[index]).max()
+            for r, row in enumerate(self.rows)
+            for slot, index in enumerate(row)
+        )
+
+
+@pytest.fixture(scope="module")
+def family(family_checkpoints):
+    cache = {}
+
+    def get(name, pairs=True):
+        if (name, pairs) not in cache:
+            cache[name, pairs] = Family(family_checkpoints(name), pairs)
+        return cache[name, pairs]
+
+    return get
+
+
+@pytest.mark.parametrize("pairs", [False, True], ids=["single", "pairs"])
+@pytest.mark.parametrize("name", packing.FAMILIES)
+def test_packed_logits_equal_the_models_own_on_the_bucketed_batch(family, name, pairs):
+    case = family(name, pairs)
+    if pairs:  # the tokenizer's own pair template, and token types where the model has them
+        ids = case.split["input_ids"][0]
+        assert ids.count(case.tokenizer.sep_token_id) >= 2
+        assert case.has_types == ("token_type_ids" in case.tokenizer.model_input_names)
+        if case.has_types:
+            assert 1 in case.arrays["token_type_ids"]
+    assert case.largest_gap() < 2e-5
+
+
+@pytest.mark.parametrize("name", packing.FAMILIES)
+def test_packed_gradients_equal_the_unpacked_ones(family, name):
+    case = family(name)
+    model, arrays = case.model, case.arrays
     with tf.GradientTape() as tape:
-        loss = packing.packed_loss(arrays["labels"], packed(features), arrays["weights"])
+        loss = packing.packed_loss(arrays["labels"], case.packed(case.features), arrays["weights"])
     ours = tape.gradient(loss, model.trainable_variables)
     with tf.GradientTape() as tape:
-        per_example = [
-            tf.keras.losses.sparse_categorical_crossentropy(y, alone(model, e), from_logits=True)
-            for e, y in zip(EXAMPLES, LABELS, strict=True)
-        ]
-        reference = tf.add_n(per_example) / len(EXAMPLES)
+        logits = model(case.bucketed, training=False).logits
+        reference = tf.reduce_mean(
+            tf.keras.losses.sparse_categorical_crossentropy(case.labels, logits, from_logits=True)
+        )
     theirs = tape.gradient(reference, model.trainable_variables)
     np.testing.assert_allclose(float(loss), float(reference), rtol=1e-5)
+    compared = 0
     for variable, a, b in zip(model.trainable_variables, ours, theirs, strict=True):
         if b is None:  # e.g. the BERT pooler of an unused branch
             assert a is None or not np.any(tf.convert_to_tensor(a)), variable.name
             continue
+        compared += 1
         np.testing.assert_allclose(
             tf.convert_to_tensor(a),
             tf.convert_to_tensor(b),
@@ -158,27 +232,72 @@ def test_packed_gradients_equal_the_unpacked_ones(family):
             rtol=1e-4,
             err_msg=variable.name,
         )
+    assert compared > 10
 
 
-@pytest.mark.parametrize("family", packing.FAMILIES)
-def test_an_example_never_sees_its_neighbours(family):
-    _, rows, features, arrays, packed = family_setup(family)
-    before = packed(features).numpy()
-    r = next(i for i, row in enumerate(rows) if len(row) > 1)
-    changed = dict(features)
-    ids = arrays["input_ids"].copy()
-    ids[r][arrays["segment_ids"][r] == 2] = 77  # every token of the row's second example
+@pytest.mark.parametrize("name", packing.FAMILIES)
+def test_an_example_never_sees_its_neighbours(family, name):
+    case = family(name)
+    before = case.packed(case.features).numpy()
+    r = next(i for i, row in enumerate(case.rows) if len(row) > 1)
+    changed = dict(case.features)
+    ids = case.arrays["input_ids"].copy()
+    ids[r][case.arrays["segment_ids"][r] == 2] = 7  # every token of the row's second example
     changed["input_ids"] = tf.constant(ids)
-    after = packed(changed).numpy()
+    after = case.packed(changed).numpy()
     np.testing.assert_allclose(after[r, 0], before[r, 0], atol=1e-6)  # its neighbour: same
     assert np.abs(after[r, 1] - before[r, 1]).max() > 1e-4  # itself: moved
 
 
-def test_other_families_are_refused():
+@pytest.mark.parametrize("name", packing.FAMILIES)
+def test_the_comparison_fails_a_leaking_mask_and_unrestarted_positions(family, name, monkeypatch):
+    """The equality above is not vacuous: each of the two ways packing goes wrong breaks it."""
+    case = family(name)
+    assert case.largest_gap() < 2e-5
+    row_positions = np.broadcast_to(np.arange(case.width), case.arrays["position_ids"].shape)
+    unrestarted = dict(case.features, position_ids=tf.constant(row_positions, tf.int32))
+    assert case.largest_gap(unrestarted) > 1e-2
+    # every real token may attend to every real token of its row
+    monkeypatch.setattr(
+        packing,
+        "_same_example",
+        lambda s: tf.logical_and(s[:, :, None] >= 0, s[:, None, :] > 0),
+    )
+    assert case.largest_gap() > 1e-2
+
+
+def test_an_unbuilt_model_is_built_by_its_own_call_first():
+    from transformers import TFAutoModelForSequenceClassification
+
+    from tpu_helpers.fixtures import tiny_config
+
+    config = tiny_config("bert", 100, 0, 3, **SENSITIVE)
+    model = TFAutoModelForSequenceClassification.from_config(config)
+    assert not model.built
+    packed = packing.PackedClassifier(model)
+    weights = len(model.weights)
+    rows, features, _ = packed_batch(EXAMPLES, LABELS)
+    logits = packed(features).numpy()
+    for r, row in enumerate(rows):
+        for slot, index in enumerate(row):
+            np.testing.assert_allclose(logits[r, slot], alone(model, EXAMPLES[index]), atol=2e-5)
+    assert len(model.weights) == weights  # the model's own call made no second set
+
+
+def test_other_families_and_mixing_convolutions_are_refused():
     from types import SimpleNamespace
 
-    with pytest.raises(ValueError, match="covers bert"):
+    with pytest.raises(ValueError, match="covers albert, bert"):
         packing.PackedClassifier(SimpleNamespace(config=SimpleNamespace(model_type="gpt2")))
+    conv = SimpleNamespace(model_type="deberta-v2", conv_kernel_size=3)
+    assert "convolution" in packing.unsupported_reason(conv)
+    assert packing.unsupported_reason(SimpleNamespace(model_type="deberta-v2")) is None
+
+
+def test_row_width_holds_the_longest_example():
+    assert packing.row_width([10, 30, 64], 64) == 64
+    assert packing.row_width([10, 82], 64) == 88  # the next multiple of 8
+    assert packing.row_width([5], 64) == 64
 
 
 def test_the_packed_model_saves_and_loads_as_an_ordinary_checkpoint(tmp_path):

@@ -6,6 +6,10 @@
   tokenizer trained here, loadable with ``AutoTokenizer`` /
   ``TFAutoModelForSequenceClassification`` / ``TFAutoModelForMaskedLM`` exactly like
   ``distilbert-base-cased``;
+* ``DIR/tiny-bert``: the same for BERT (``write_tiny_checkpoint`` makes one of any family
+  that packed fine-tuning covers, with its family's kind of tokenizer);
+* ``DIR/mrpc``: an MRPC-like paraphrase data set of sentence pairs (columns ``sentence1``,
+  ``sentence2``, ``label``, ``idx``; MRPC's split sizes);
 * ``DIR/cola``: a CoLA-like acceptability data set (columns ``sentence``, ``label``,
   ``idx``; splits train/validation of CoLA's sizes) loadable with ``load_dataset(DIR/cola)``;
 * ``DIR/tiny-vit``: a ViT image-classification checkpoint with its image processor (10
@@ -31,9 +35,11 @@ from pathlib import Path
 
 import tpu_helpers._env  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 
-FIXTURES_VERSION = 4
+FIXTURES_VERSION = 5
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
+MRPC_SPLITS = {"train": 3668, "validation": 408}
+MRPC_LABELS = ("not_equivalent", "equivalent")
 BEANS_CLASSES = ("angular_leaf_spot", "bean_rust", "healthy")
 BEANS_SPLITS = {"train": 120, "validation": 45}
 BEANS_SIZE = 500
@@ -169,6 +175,43 @@ def make_cola_like(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[s
     return out
 
 
+def paraphrase_pair(rng: random.Random, equivalent: bool) -> tuple[str, str]:
+    """Two sentences of the tiny grammar: the same statement reworded (an adverb added or
+    dropped, determiners swapped for their synonyms) when ``equivalent``, else a statement
+    about something else that shares its frame."""
+    first = cola_like_sentence(rng, True)
+    if equivalent:
+        words = first[:-1].split(" ")
+        swap = {"the": "that", "that": "the", "a": "some", "some": "a"}
+        words = [swap.get(w, w) if rng.random() < 0.5 else w for w in words]
+        if words[-1] in _ADVS:
+            words.pop()
+        else:
+            words.append(rng.choice(_ADVS))
+        second = " ".join(words)
+        return first, second[0].upper() + second[1:] + "."
+    return first, cola_like_sentence(rng, True)
+
+
+def make_mrpc_like(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, list[dict]]:
+    """Rows with GLUE MRPC's columns (``sentence1``, ``sentence2``, ``label``, ``idx``),
+    about 68 % equivalent pairs like MRPC, per split.
+
+    >>> sorted(make_mrpc_like(sizes={"train": 2})["train"][0])
+    ['idx', 'label', 'sentence1', 'sentence2']
+    """
+    rng = random.Random(seed)
+    out = {}
+    for split, n in (sizes or MRPC_SPLITS).items():
+        rows = []
+        for idx in range(n):
+            label = int(rng.random() < 0.68)
+            first, second = paraphrase_pair(rng, bool(label))
+            rows.append({"sentence1": first, "sentence2": second, "label": label, "idx": idx})
+        out[split] = rows
+    return out
+
+
 def _card(files: dict[str, str], features_yaml: str, title: str) -> str:
     entries = "".join(f"  - split: {s}\n    path: {p}\n" for s, p in files.items())
     return (
@@ -211,6 +254,16 @@ def write_cola(out: Path, seed: int) -> None:
     (out / "README.md").write_text(_card(files, features, "CoLA-like acceptability (synthetic)"))
 
 
+def write_mrpc(out: Path, seed: int) -> None:
+    files = _write_splits(out, make_mrpc_like(seed))
+    features = (
+        "  - name: sentence1\n    dtype: string\n  - name: sentence2\n    dtype: string\n"
+        + _class_label_yaml("label", MRPC_LABELS)
+        + "  - name: idx\n    dtype: int32\n"
+    )
+    (out / "README.md").write_text(_card(files, features, "MRPC-like paraphrase pairs (synthetic)"))
+
+
 def write_tiny_distilbert(out: Path, corpus: list[str], seed: int) -> None:
     """Train a cased WordPiece tokenizer on ``corpus`` and save an untrained DistilBERT
     masked language model (classification notebooks load its base and add their head)."""
@@ -251,6 +304,141 @@ def write_tiny_distilbert(out: Path, corpus: list[str], seed: int) -> None:
         pad_token_id=tok.token_to_id("[PAD]"),
     )
     model = TFDistilBertForMaskedLM(config)  # a masked-LM checkpoint: base + MLM head
+    model(model.dummy_inputs)
+    out.mkdir(parents=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+# Per family: the tokenizer model its hub checkpoints use (WordPiece, byte-level BPE or a
+# SentencePiece unigram), its special tokens (padding first: its id is the config's
+# pad_token_id), and the templates of one sentence and of a pair ($B:1 marks token type 1).
+_BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_ROBERTA_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+_BERT_TEMPLATES = ("[CLS] $A [SEP]", "[CLS] $A [SEP] $B:1 [SEP]:1")
+_ROBERTA_TEMPLATES = ("<s> $A </s>", "<s> $A </s> </s> $B </s>")
+TOKENIZER_KINDS = {
+    "albert": ("unigram", ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"), _BERT_TEMPLATES),
+    "bert": ("wordpiece", _BERT_SPECIALS, _BERT_TEMPLATES),
+    "camembert": ("unigram", _ROBERTA_SPECIALS, _ROBERTA_TEMPLATES),
+    "deberta-v2": ("unigram", _BERT_SPECIALS, _BERT_TEMPLATES),
+    "distilbert": ("wordpiece", _BERT_SPECIALS, _BERT_TEMPLATES),
+    "electra": ("wordpiece", _BERT_SPECIALS, _BERT_TEMPLATES),
+    "mpnet": ("wordpiece", _ROBERTA_SPECIALS, _ROBERTA_TEMPLATES),
+    "roberta": ("bpe", _ROBERTA_SPECIALS, _ROBERTA_TEMPLATES),
+    "xlm-roberta": ("unigram", _ROBERTA_SPECIALS, _ROBERTA_TEMPLATES),
+}
+
+
+def train_tokenizer(family: str, corpus: list[str], vocab_size: int = 600):
+    """A fast tokenizer of ``family``'s class (``BertTokenizerFast``, ``AlbertTokenizerFast``
+    ...) with the tokenizer model, special tokens and pair template of its hub checkpoints,
+    trained on ``corpus``: loads with ``AutoTokenizer.from_pretrained`` once saved."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    kind, specials, (single, pair) = TOKENIZER_KINDS[family]
+    specials = list(specials)
+    unk = next(t for t in specials if "unk" in t.lower())
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token=unk))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=False)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials)
+    elif kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token=unk))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+    else:
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(
+            vocab_size=vocab_size, special_tokens=specials, unk_token=unk
+        )
+    tok.train_from_iterator(corpus, trainer)
+    ids = {t: tok.token_to_id(t) for t in specials}
+    assert [ids[t] for t in specials] == list(range(len(specials))), ids
+    used = [t for t in specials if t in single + pair]
+    tok.post_processor = processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=[(t, ids[t]) for t in used]
+    )
+    if "<s>" in specials:
+        names = {"bos_token": "<s>", "eos_token": "</s>", "cls_token": "<s>", "sep_token": "</s>"}
+        names["pad_token"] = "<pad>"
+    else:
+        names = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": specials[0]}
+    names.update(unk_token=unk, mask_token=specials[-1])
+    cls = tokenizer_class_from_name(_FAST_CLASS[family])
+    return cls(tokenizer_object=tok, model_max_length=512, **names)
+
+
+_FAST_CLASS = {
+    "albert": "AlbertTokenizerFast",
+    "bert": "BertTokenizerFast",
+    "camembert": "CamembertTokenizerFast",
+    "deberta-v2": "DebertaV2TokenizerFast",
+    "distilbert": "DistilBertTokenizerFast",
+    "electra": "ElectraTokenizerFast",
+    "mpnet": "MPNetTokenizerFast",
+    "roberta": "RobertaTokenizerFast",
+    "xlm-roberta": "XLMRobertaTokenizerFast",
+}
+
+
+def tiny_config(family: str, vocab_size: int, pad_token_id: int, num_labels: int = 2, **overrides):
+    """A tiny config of ``family`` (hidden size 32, 2 layers, 2 heads, 130 positions) for a
+    tokenizer's vocabulary size and padding id; ``overrides`` replace any field."""
+    from transformers import AutoConfig
+
+    sizes = {"vocab_size": vocab_size, "num_labels": num_labels, "pad_token_id": pad_token_id}
+    if family == "distilbert":
+        sizes.update(dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=130)
+    else:
+        sizes.update(hidden_size=32, num_hidden_layers=2, num_attention_heads=2)
+        sizes.update(intermediate_size=64, max_position_embeddings=130)
+    if family in ("albert", "electra"):
+        sizes["embedding_size"] = 16  # both project their embeddings to the hidden size
+    if family in ("camembert", "mpnet", "roberta", "xlm-roberta"):
+        sizes["max_position_embeddings"] = 130 + pad_token_id + 1
+    if family in ("roberta", "xlm-roberta", "camembert"):
+        sizes["type_vocab_size"] = 1
+    if family == "deberta-v2":  # relative attention as DeBERTa-v3 has, and absolute
+        # position embeddings too (position_biased_input, the config's default)
+        sizes.update(relative_attention=True, pos_att_type=["p2c", "c2p"])
+        sizes.update(position_buckets=32, max_relative_positions=128, type_vocab_size=0)
+    sizes.update(overrides)
+    return AutoConfig.for_model(family, **sizes)
+
+
+def write_tiny_checkpoint(
+    out: Path, family: str, corpus: list[str], seed: int = 0, **overrides
+) -> None:
+    """Save a tiny untrained masked-LM checkpoint of ``family`` and its tokenizer (see
+    ``train_tokenizer``) to ``out``, loadable like the family's hub checkpoints
+    (``AutoTokenizer``, ``TFAutoModelForSequenceClassification.from_pretrained``).
+    ``overrides`` go to ``tiny_config``."""
+    import tensorflow as tf
+    from transformers import TFAutoModelForMaskedLM
+
+    tokenizer = train_tokenizer(family, corpus)
+    tf.keras.utils.set_random_seed(seed)
+    config = tiny_config(family, len(tokenizer), tokenizer.pad_token_id, **overrides)
+    model = TFAutoModelForMaskedLM.from_config(config)
     model(model.dummy_inputs)
     out.mkdir(parents=True)
     model.save_pretrained(out)
@@ -360,7 +548,7 @@ def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = 
     files pass to the notebooks (``model_checkpoint``, ``dataset_name`` ...).
     """
     root = Path(directory).resolve()
-    names = ("tiny-distilbert", "cola", "tiny-vit", "beans", "text-corpus")
+    names = ("tiny-distilbert", "tiny-bert", "cola", "mrpc", "tiny-vit", "beans", "text-corpus")
     paths = {name: str(root / name) for name in names}
     stamp = root / "fixtures.json"
     wanted = {"version": FIXTURES_VERSION, "seed": seed, "paths": paths}
@@ -375,13 +563,15 @@ def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = 
     write_cola(staging / "cola", seed)
     corpus = [r["sentence"] for rows in make_cola_like(seed).values() for r in rows]
     write_tiny_distilbert(staging / "tiny-distilbert", corpus, seed)
+    write_mrpc(staging / "mrpc", seed)
+    write_tiny_checkpoint(staging / "tiny-bert", "bert", corpus, seed)
     write_tiny_vit(staging / "tiny-vit", seed)
     write_text_corpus(staging / "text-corpus")
     for name in paths:
         shutil.rmtree(root / name, ignore_errors=True)
     # Beans paths are absolute, so write them in place after staging the rest.
     write_beans(root / "beans", seed)
-    for name in ("cola", "tiny-distilbert", "tiny-vit", "text-corpus"):
+    for name in ("cola", "mrpc", "tiny-distilbert", "tiny-bert", "tiny-vit", "text-corpus"):
         (staging / name).rename(root / name)
     staging.rmdir()
     stamp.write_text(json.dumps(wanted, indent=1))

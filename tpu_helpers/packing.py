@@ -8,16 +8,22 @@ nearly all of them real, at one shape.
 * ``pack_rows``: which examples share a row (best-fit decreasing bin packing, at most
   ``max_per_row`` examples a row; ties broken by a seed, so each epoch packs differently).
 * ``packed_arrays``: per token ``input_ids``, ``segment_ids`` (1, 2, ... per example, 0 for
-  padding) and restarted ``position_ids``; per row the ``starts`` of its examples; labels
-  and weights per slot (``[rows, max_per_row]``, weight 0 for empty slots).
+  padding), restarted ``position_ids`` and, for sentence pairs, ``token_type_ids`` (0 for
+  the first sentence of each example, 1 for the second); per row the ``starts`` of its
+  examples; labels and weights per slot (``[rows, max_per_row]``, weight 0 for empty slots).
 * ``PackedClassifier``: runs a Hugging Face TF sequence classifier's own layers on packed
   rows (embeddings with restarted positions, encoder with the block-diagonal mask, the
   classification head at each example's first token) and gives logits
   ``[rows, max_per_row, labels]``. The weights stay those of the wrapped model, which loads
   and saves with ``from_pretrained`` / ``save_pretrained`` and serves unpacked as usual.
-  Covered: BERT, RoBERTa, ELECTRA (their encoders take an additive mask of any shape
-  that broadcasts to the scores) and DistilBERT (its attention reshapes the mask itself,
-  so its blocks are run here with its own weights). Other families raise ``ValueError``.
+  Covered (``FAMILIES``): BERT, RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA (their
+  encoders take an additive mask of any shape that broadcasts to the scores), ALBERT and
+  MPNet (the same, through their own encoder signatures; MPNet's relative position buckets
+  depend only on the distance between two tokens, so they are the same inside a packed
+  example as alone), DeBERTa-v2 (a 0/1 mask per query and key; its relative positions are
+  distances too) and DistilBERT (its attention reshapes the mask itself, so its blocks are
+  run here with its own weights). ``unsupported_reason`` says why a model is not covered
+  (another family, or a DeBERTa-v2 whose convolution mixes neighbouring tokens).
 """
 
 from __future__ import annotations
@@ -27,7 +33,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FAMILIES = ("bert", "roberta", "electra", "distilbert")
+FAMILIES = (
+    "albert",
+    "bert",
+    "camembert",
+    "deberta-v2",
+    "distilbert",
+    "electra",
+    "mpnet",
+    "roberta",
+    "xlm-roberta",
+)
+# the attribute that holds a family's main layer, where it is not the family's own name
+_MAIN_LAYER = {"camembert": "roberta", "deberta-v2": "deberta", "xlm-roberta": "roberta"}
+# families whose position ids start after the padding id, padding keeping that id
+_OFFSET_POSITIONS = {"camembert", "mpnet", "roberta", "xlm-roberta"}
+# families whose encoder takes (hidden_states, attention_mask, head_mask, ...) only
+_SHORT_ENCODER = {"albert", "mpnet"}
 
 
 # --- packing ------------------------------------------------------------------------------
@@ -110,6 +132,14 @@ def rows_per_replica(lengths: Sequence[int], per_replica_batch: int, width: int)
     return max(1, round(per_replica_batch * float(np.mean(lengths)) / width))
 
 
+def row_width(lengths: Sequence[int], width: int, multiple: int = 8) -> int:
+    """``width``, or the narrowest multiple of ``multiple`` above it that holds the longest
+    example: rows must hold every example whole (a cut would drop its final separator
+    token, and a pair its second sentence's end)."""
+    longest = int(max(lengths))
+    return max(int(width), -(-longest // multiple) * multiple)
+
+
 def packed_arrays(
     input_ids: Sequence[Sequence[int]],
     labels: Sequence[int],
@@ -117,10 +147,13 @@ def packed_arrays(
     width: int,
     max_per_row: int,
     pad_token_id: int = 0,
+    token_type_ids: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, np.ndarray]:
     """The packed tensors of ``rows`` (from ``pack_rows``), as int32 numpy arrays:
     ``input_ids``, ``segment_ids``, ``position_ids`` ``[rows, width]``; ``starts``,
-    ``labels``, ``weights`` ``[rows, max_per_row]`` (empty slots: start 0, weight 0)."""
+    ``labels``, ``weights`` ``[rows, max_per_row]`` (empty slots: start 0, weight 0).
+    With ``token_type_ids`` (one list per example, as a tokenizer gives for sentence
+    pairs) also ``token_type_ids`` ``[rows, width]``, 0 on padding."""
     n = len(rows)
     per_row = np.array([len(r) for r in rows], dtype=np.int64)
     if n and per_row.max() > max_per_row:
@@ -147,6 +180,11 @@ def packed_arrays(
     token_pos = np.arange(len(tokens)) - np.repeat(ends - lengths, lengths)  # in the example
     token_col = np.repeat(start, lengths) + token_pos
     out["input_ids"][token_row, token_col] = tokens
+    if token_type_ids is not None:
+        out["token_type_ids"] = np.zeros((n, width), np.int32)
+        if n:
+            types = np.concatenate([np.asarray(token_type_ids[i]) for i in order])
+            out["token_type_ids"][token_row, token_col] = types
     out["segment_ids"][token_row, token_col] = np.repeat(slot + 1, lengths)
     out["position_ids"][token_row, token_col] = token_pos
     out["starts"][row_of, slot] = start
@@ -156,15 +194,34 @@ def packed_arrays(
 
 
 # --- the model -----------------------------------------------------------------------------
-def _family(model) -> str:
-    family = getattr(model.config, "model_type", None)
+def unsupported_reason(config) -> str | None:
+    """Why packed fine-tuning cannot run a model with this config (``None``: it can).
+
+    >>> from types import SimpleNamespace as Config
+    >>> unsupported_reason(Config(model_type="gpt2")) is not None
+    True
+    """
+    family = getattr(config, "model_type", None)
     if family not in FAMILIES:
-        raise ValueError(
-            f"Packed fine-tuning covers {', '.join(FAMILIES)} sequence classifiers, not"
-            f" {family!r} ({type(model).__name__}). Fix: train it unpacked with the padding"
-            " widths of text.padding_boundaries."
+        return (
+            f"packed fine-tuning covers {', '.join(FAMILIES)} sequence classifiers, not"
+            f" {family!r}. Fix: train it unpacked with the padding widths of"
+            " text.padding_boundaries."
         )
-    return family
+    if family == "deberta-v2" and (getattr(config, "conv_kernel_size", 0) or 0) > 0:
+        return (
+            f"this DeBERTa-v2 checkpoint has a convolution layer (conv_kernel_size="
+            f"{config.conv_kernel_size}) that mixes neighbouring tokens, which in a packed"
+            " row belong to other examples. Fix: train it unpacked."
+        )
+    return None
+
+
+def _family(model) -> str:
+    reason = unsupported_reason(model.config)
+    if reason is not None:
+        raise ValueError(f"{type(model).__name__}: {reason[0].upper()}{reason[1:]}")
+    return model.config.model_type
 
 
 def block_mask(segment_ids, dtype):
@@ -172,29 +229,41 @@ def block_mask(segment_ids, dtype):
     the same example, -10000 elsewhere (the constant the BERT family uses for padding)."""
     import tensorflow as tf
 
-    same = tf.equal(segment_ids[:, :, None], segment_ids[:, None, :])
-    allowed = tf.logical_and(same, segment_ids[:, None, :] > 0)
+    allowed = _same_example(segment_ids)
     return tf.where(allowed[:, None], tf.constant(0.0, dtype), tf.constant(-10000.0, dtype))
+
+
+def _same_example(segment_ids):
+    """``[rows, T, T]`` booleans: query and key are tokens of one example."""
+    import tensorflow as tf
+
+    same = tf.equal(segment_ids[:, :, None], segment_ids[:, None, :])
+    return tf.logical_and(same, segment_ids[:, None, :] > 0)
 
 
 class PackedClassifier:
     """Logits per packed example from a TF ``*ForSequenceClassification`` model.
 
     ``PackedClassifier(model)(features, training=False)`` with ``features`` holding
-    ``input_ids``, ``segment_ids``, ``position_ids`` ``[rows, T]`` and ``starts``
-    ``[rows, max_per_row]`` returns logits ``[rows, max_per_row, num_labels]``; slots
-    without an example hold the logits of the row's first token (give them weight 0).
-    ``trainable_variables`` are the wrapped model's.
+    ``input_ids``, ``segment_ids``, ``position_ids`` ``[rows, T]`` (and, for sentence
+    pairs, ``token_type_ids``) and ``starts`` ``[rows, max_per_row]`` returns logits
+    ``[rows, max_per_row, num_labels]``; slots without an example hold the logits of the
+    row's first token (give them weight 0). ``trainable_variables`` are the wrapped model's.
+
+    A model whose weights are not built yet (made with ``from_config``) is built here by
+    its own call first, so the packed path and the model's own call use the same weights
+    (create the classifier inside ``strategy.scope()`` then, like the model).
     """
 
     def __init__(self, model):
         self.model = model
         self.family = _family(model)
-        self.main = getattr(model, self.family)  # the main layer is named after the family
-        if self.family == "roberta":
+        if not model.built:
+            model(model.dummy_inputs, training=False)
+        self.main = getattr(model, _MAIN_LAYER.get(self.family, self.family))
+        self.position_offset = 0
+        if self.family in _OFFSET_POSITIONS:
             self.position_offset = self.main.embeddings.padding_idx + 1
-        else:
-            self.position_offset = 0
 
     @property
     def trainable_variables(self):
@@ -206,36 +275,60 @@ class PackedClassifier:
         ids = tf.cast(features["input_ids"], tf.int32)
         segments = tf.cast(features["segment_ids"], tf.int32)
         positions = tf.cast(features["position_ids"], tf.int32) + self.position_offset
-        if self.family == "roberta":  # padding keeps RoBERTa's padding position
+        if self.position_offset:  # padding keeps the padding position (RoBERTa's scheme)
             positions = tf.where(segments > 0, positions, self.position_offset - 1)
+        types = tf.cast(features.get("token_type_ids", tf.zeros_like(ids)), tf.int32)
         if self.family == "distilbert":
             x = self.main.embeddings(input_ids=ids, position_ids=positions, training=training)
             mask = block_mask(segments, x.dtype)
             for block in self.main.transformer.layer:
                 x = _distilbert_block(block, x, mask, training)
             return x
-        x = self.main.embeddings(
-            input_ids=ids,
-            position_ids=positions,
-            token_type_ids=tf.zeros_like(ids),
-            training=training,
-        )
+        if self.family == "mpnet":  # no token types
+            x = self.main.embeddings(input_ids=ids, position_ids=positions, training=training)
+        elif self.family == "deberta-v2":  # zeroes padding embeddings, as its own call does
+            x = self.main.embeddings(
+                input_ids=ids,
+                position_ids=positions,
+                token_type_ids=types,
+                mask=tf.cast(segments > 0, tf.int32),
+                training=training,
+            )
+        else:
+            x = self.main.embeddings(
+                input_ids=ids, position_ids=positions, token_type_ids=types, training=training
+            )
         if getattr(self.main, "embeddings_project", None) is not None:  # ELECTRA
             x = self.main.embeddings_project(x, training=training)
-        out = self.main.encoder(
+        return self._encoder(x, segments, training)[0]
+
+    def _encoder(self, x, segments, training):
+        """The family's encoder on embeddings ``x``, each token seeing its own example."""
+        import tensorflow as tf
+
+        flags = {"output_attentions": False, "output_hidden_states": False, "return_dict": False}
+        if self.family == "deberta-v2":  # a 0/1 mask per (query, key)
+            mask = tf.cast(_same_example(segments), tf.int32)
+            return self.main.encoder(
+                hidden_states=x, attention_mask=mask, training=training, **flags
+            )
+        mask = block_mask(segments, x.dtype)
+        heads = [None] * self.model.config.num_hidden_layers
+        if self.family in _SHORT_ENCODER:
+            return self.main.encoder(
+                hidden_states=x, attention_mask=mask, head_mask=heads, training=training, **flags
+            )
+        return self.main.encoder(
             hidden_states=x,
-            attention_mask=block_mask(segments, x.dtype),
-            head_mask=[None] * self.model.config.num_hidden_layers,
+            attention_mask=mask,
+            head_mask=heads,
             encoder_hidden_states=None,
             encoder_attention_mask=None,
             past_key_values=None,
             use_cache=False,
-            output_attentions=False,
-            output_hidden_states=False,
-            return_dict=False,
             training=training,
+            **flags,
         )
-        return out[0]
 
     def __call__(self, features, training=False):
         import tensorflow as tf
@@ -245,16 +338,23 @@ class PackedClassifier:
         first = tf.gather(hidden, starts, batch_dims=1)  # [rows, max_per_row, H]
         rows, slots = tf.shape(starts)[0], tf.shape(starts)[1]
         flat = tf.reshape(first, [rows * slots, 1, first.shape[-1]])
+        logits = self._head(flat, training)
+        return tf.reshape(logits, [rows, slots, self.model.config.num_labels])
+
+    def _head(self, flat, training):
+        """The model's classification head on ``[examples, 1, H]`` first-token states."""
         m = self.model
         if self.family == "bert":
             pooled = self.main.pooler(hidden_states=flat)
-            logits = m.classifier(m.dropout(pooled, training=training))
+        elif self.family == "albert":
+            pooled = self.main.pooler(flat[:, 0])
+        elif self.family == "deberta-v2":
+            pooled = m.pooler(flat, training=training)
         elif self.family == "distilbert":
             pooled = m.pre_classifier(flat[:, 0])
-            logits = m.classifier(m.dropout(pooled, training=training))
-        else:  # RoBERTa and ELECTRA heads read the first token themselves
-            logits = m.classifier(flat, training=training)
-        return tf.reshape(logits, [rows, slots, m.config.num_labels])
+        else:  # the RoBERTa-shaped, ELECTRA and MPNet heads read the first token themselves
+            return m.classifier(flat, training=training)
+        return m.classifier(m.dropout(pooled, training=training))
 
 
 def _distilbert_block(block, x, mask, training):
@@ -298,10 +398,12 @@ def packed_dataset(
     seed: int = 0,
     pad_token_id: int = 0,
     epochs: int = 1,
+    token_type_ids: Sequence[Sequence[int]] | None = None,
 ):
     """``(tf.data.Dataset, steps per epoch)``: ``epochs`` epochs of batches of
     ``batch_size`` packed rows, one shape, ``(features, labels, weights)`` with labels and
-    weights per slot. Epoch ``e`` is packed and its rows shuffled with ``seed + e``, so
+    weights per slot (features with ``token_type_ids`` when they are given: sentence
+    pairs). Epoch ``e`` is packed and its rows shuffled with ``seed + e``, so
     each epoch groups the examples differently; every epoch has the same number of steps
     (the most any epoch's packing needs), its last batches completed with empty rows
     (every weight 0): each example is used exactly once per epoch with weight 1.
@@ -317,7 +419,9 @@ def packed_dataset(
     steps = max(-(-len(rows) // batch_size) for rows in packings)
     parts = []
     for rows in packings:
-        arrays = packed_arrays(input_ids, labels, rows, width, max_per_row, pad_token_id)
+        arrays = packed_arrays(
+            input_ids, labels, rows, width, max_per_row, pad_token_id, token_type_ids
+        )
         missing = steps * batch_size - len(rows)
         for name, values in arrays.items():
             fill = pad_token_id if name == "input_ids" else 0  # empty rows: weight 0
@@ -325,7 +429,7 @@ def packed_dataset(
             arrays[name] = np.concatenate([values, filler])
         parts.append(arrays)
     arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    features = {k: arrays[k] for k in ("input_ids", "segment_ids", "position_ids", "starts")}
+    features = {k: v for k, v in arrays.items() if k not in ("labels", "weights")}
     ds = tf.data.Dataset.from_tensor_slices((features, arrays["labels"], arrays["weights"]))
     ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     ds.pack_report = pack_report(lengths, packings[0], width)  # epoch 0's packing

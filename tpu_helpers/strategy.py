@@ -154,7 +154,15 @@ def _simulated_cpu_strategy(replicas: int):
                 " TensorFlow operation."
             ) from err
     devices = [d.name for d in tf.config.list_logical_devices("CPU")][:replicas]
-    return tf.distribute.MirroredStrategy(devices)
+    # Gradients are summed by copies to one device, not by collective ops. TensorFlow's
+    # collective ops record each instance's shape once per function call (the instance
+    # record is keyed by step id and instance key), and every step of Keras'
+    # ``steps_per_execution`` loop runs in one call: the all-gather of an embedding's
+    # sparse gradient (rows x width tokens) then fails on the first step whose width
+    # differs from an earlier one ("Shape mismatch in the collective instance").
+    return tf.distribute.MirroredStrategy(
+        devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
 
 
 def connect(

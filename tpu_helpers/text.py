@@ -132,25 +132,51 @@ def check_max_length(max_length: int, model_config) -> int:
 
 
 def tokenize(
-    dataset, tokenizer, max_length: int, text_column: str = "sentence", batch_size: int = 1000
+    dataset,
+    tokenizer,
+    max_length: int,
+    text_column: str = "sentence",
+    batch_size: int = 1000,
+    text_pair_column: str | None = None,
 ):
     """Add ``input_ids`` (truncated to ``max_length``, not padded) and ``length`` columns.
 
-    Tokenizes in batches with ``Dataset.map(batched=True)``. Padding is decided later,
-    per batch, by the boundaries (see ``make_text_dataset``).
+    With ``text_pair_column`` each example is the pair (``text_column``,
+    ``text_pair_column``), joined by the tokenizer's own template (``[CLS] a [SEP] b
+    [SEP]``, ``<s> a </s></s> b </s>``...) and truncated longest-first; a
+    ``token_type_ids`` column is added when the model takes them (the tokenizer's
+    ``model_input_names``). Tokenizes in batches with ``Dataset.map(batched=True)``.
+    Padding is decided later, per batch, by the boundaries (see ``make_text_dataset``).
+    A missing (``None``) text raises ``ValueError`` with its row.
     """
+    columns = [text_column] + ([text_pair_column] if text_pair_column else [])
+    types = bool(text_pair_column) and "token_type_ids" in tokenizer.model_input_names
 
-    def encode(batch):
+    def encode(batch, rows):
+        texts = [batch[c] for c in columns]
+        for column, values in zip(columns, texts, strict=True):
+            missing = [r for r, v in zip(rows, values, strict=True) if v is None]
+            if missing:
+                raise ValueError(
+                    f"Row {missing[0]} has no text in column {column!r} ({len(missing)} such"
+                    " row(s) in its batch). Fix: drop or fill them first, e.g."
+                    f" dataset.filter(lambda x: x[{column!r}] is not None)."
+                )
         enc = tokenizer(
-            batch[text_column],
+            *texts,
             truncation=True,
             max_length=max_length,
             return_attention_mask=False,
-            return_token_type_ids=False,
+            return_token_type_ids=types,
         )
-        return {"input_ids": enc["input_ids"], "length": [len(x) for x in enc["input_ids"]]}
+        out = {"input_ids": enc["input_ids"], "length": [len(x) for x in enc["input_ids"]]}
+        if types:
+            out["token_type_ids"] = enc["token_type_ids"]
+        return out
 
-    return dataset.map(encode, batched=True, batch_size=batch_size, desc="tokenize")
+    return dataset.map(
+        encode, batched=True, batch_size=batch_size, with_indices=True, desc="tokenize"
+    )
 
 
 # --- choosing the padding ------------------------------------------------------------
@@ -354,7 +380,8 @@ def make_text_dataset(
     num_labels: int | None = None,
     transform=None,
 ):
-    """A ``tf.data.Dataset`` of ``({"input_ids", "attention_mask"}, labels, weights)``.
+    """A ``tf.data.Dataset`` of ``({"input_ids", "attention_mask"}, labels, weights)``
+    (features with ``token_type_ids`` too when the split has them: sentence pairs).
 
     ``split`` is a tokenized split (``tokenize``). Each epoch is planned with ``batch_plan``
     (seed ``seed + epoch``), so shuffling differs per epoch, every batch has one of
@@ -386,8 +413,13 @@ def make_text_dataset(
             " the label column with label_column=."
         )
     lengths = np.asarray(split["length"])
-    tokens = np.concatenate([np.asarray(x[: boundaries[-1]], np.int32) for x in split["input_ids"]])
-    ragged = tf.RaggedTensor.from_row_lengths(tokens, np.minimum(lengths, boundaries[-1]))
+    if not len(lengths):
+        raise ValueError(
+            "The split has no examples. Fix: check the split name and any filter applied to it."
+        )
+    # per token columns: input_ids and, for sentence pairs, token_type_ids
+    per_token = [c for c in ("input_ids", "token_type_ids") if c in _columns(split)]
+    ragged = {c: _ragged(split[c], lengths, boundaries[-1]) for c in per_token}
     labels = tf.constant(check_labels(split[label_column], num_labels, label_column), tf.int32)
 
     plans = [
@@ -409,13 +441,15 @@ def make_text_dataset(
         widths = np.repeat(widths, local)
 
     def gather(idx, width, weight):
-        batch = tf.gather(ragged, idx)
-        ids = batch.to_tensor(shape=[rows, width])
-        mask = tf.sequence_mask(batch.row_lengths(), width, dtype=tf.int32)
         # the batch dimension is static (a TPU needs it); the width is one of boundaries
-        ids, mask = tf.ensure_shape(ids, [rows, None]), tf.ensure_shape(mask, [rows, None])
+        features = {}
+        for column, values in ragged.items():
+            batch = tf.gather(values, idx)
+            features[column] = tf.ensure_shape(batch.to_tensor(shape=[rows, width]), [rows, None])
+        mask = tf.sequence_mask(batch.row_lengths(), width, dtype=tf.int32)
+        features["attention_mask"] = tf.ensure_shape(mask, [rows, None])
         labels_ = tf.ensure_shape(tf.gather(labels, idx), [rows])
-        return {"input_ids": ids, "attention_mask": mask}, labels_, tf.ensure_shape(weight, [rows])
+        return features, labels_, tf.ensure_shape(weight, [rows])
 
     ds = tf.data.Dataset.from_tensor_slices((indices, widths, weights))
     ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -424,6 +458,14 @@ def make_text_dataset(
     ds = ds.prefetch(tf.data.AUTOTUNE)
     ds.steps_per_epoch = len(plans[0][0])
     return ds
+
+
+def _ragged(column, lengths, width: int):
+    """A ``tf.RaggedTensor`` of a per-token column, each row cut to ``width``."""
+    import tensorflow as tf
+
+    tokens = np.concatenate([np.asarray(x[:width], np.int32) for x in column])
+    return tf.RaggedTensor.from_row_lengths(tokens, np.minimum(lengths, width))
 
 
 def longest_padded_dataset(
