@@ -1,13 +1,15 @@
 """Packed fine-tuning against notebook 01's best bucketed setup, on one device.
 
-    python benchmarks/packing.py [--examples 2048] [--repeats 3]
+    python benchmarks/packing.py [--examples 2048] [--repeats 3] [--task single|pairs|both]
 
-Data: the CoLA-like fixture's training sentences, tokenized with the tiny DistilBERT
-fixture's tokenizer (up to 128 tokens). Model: a BERT classifier built from a config with
+Data: single sentences, the CoLA-like fixture's training sentences tokenized with the tiny
+DistilBERT fixture's tokenizer; sentence pairs, the MRPC-like fixture's pairs tokenized
+with the tiny BERT fixture's tokenizer (token types per sentence). Up to 128 tokens. Model: a BERT classifier built from a config with
 hidden size 256 (4 heads, 2 layers, feed-forward 1024), so that attention has the share of
 the work it has in real checkpoints; random weights (speed does not depend on them).
 
-* real-token share of packing at widths 64 and 128, against the 4 data-chosen widths
+* real-token share of packing at widths 64 and 128 (each widened to hold the longest
+  example, ``packing.row_width``), against the 4 data-chosen widths
   (``text.padding_boundaries(..., "buckets")``) and one width of 128;
 * training steps compiled with XLA (``jit_compile=True``) on one device: every input shape
   is compiled before timing, then one pass over the examples is timed, best of
@@ -35,14 +37,21 @@ from tpu_helpers import packing, text  # noqa: E402  (sets the Keras flag before
 TOKENS_PER_BATCH = 4096  # rows x width of every batch, packed or bucketed (32 x 128)
 
 
-def load(fixtures: Path, examples: int):
+TASKS = {  # task: (data set, tokenizer, text columns)
+    "single": ("cola", "tiny-distilbert", ("sentence",)),
+    "pairs": ("mrpc", "tiny-bert", ("sentence1", "sentence2")),
+}
+
+
+def load(fixtures: Path, examples: int, task: str):
     from datasets import load_dataset
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(fixtures / "tiny-distilbert"))
-    split = load_dataset(str(fixtures / "cola"))["train"].shuffle(seed=0)
+    data, checkpoint, columns = TASKS[task]
+    tokenizer = AutoTokenizer.from_pretrained(str(fixtures / checkpoint))
+    split = load_dataset(str(fixtures / data))["train"].shuffle(seed=0)
     split = split.select(range(min(examples, len(split))))
-    tokenized = text.tokenize(split, tokenizer, 128)
+    tokenized = text.tokenize(split, tokenizer, 128, columns[0], 1000, (columns[1:] or [None])[0])
     return tokenized, tokenizer
 
 
@@ -87,36 +96,25 @@ def flops_per_real_token(hidden: int, layers: int, widths, shares) -> float:
     return layers * computed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--examples", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures"))
-    args = parser.parse_args()
-
-    import tensorflow as tf
-
-    from tpu_helpers.fixtures import build_fixtures
-
-    build_fixtures(Path(args.fixtures), verbose=False)
-    tokenized, tokenizer = load(Path(args.fixtures), args.examples)
-    lengths = np.asarray(tokenized["length"])
-    ids, labels = list(tokenized["input_ids"]), list(tokenized["label"])
-    real = int(lengths.sum())
-    boundaries = text.padding_boundaries(lengths, "buckets", 128)
-    bucket_share = text.padding_report(lengths, boundaries).real_token_share
-    print(f"{len(ids):,} examples, {real:,} real tokens; bucketed widths {boundaries}\n")
+def shares(lengths, boundaries):
+    """Print the real-token share of each layout; return ``{width: packed rows}``."""
     print("| layout | shapes | real-token share | rows |\n|---|---|---|---|")
     print(f"| one width, 128 | 1 | {text.padding_report(lengths, [128]).real_token_share:.1%} | |")
+    bucket_share = text.padding_report(lengths, boundaries).real_token_share
     print(f"| bucketed {boundaries} | {len(boundaries)} | {bucket_share:.1%} | |")
     packed_rows = {}
-    for width in (64, 128):
+    for width in sorted({packing.row_width(lengths, w) for w in (64, 128)}):
         rows = packing.pack_rows(lengths, width, max_per_row=16)
         packed_rows[width] = rows
         report = packing.pack_report(lengths, rows, width)
         print(f"| packed, width {width} | 1 | {report.real_token_share:.1%} | {report.rows:,} |")
+    return packed_rows
 
-    model = build_model(len(tokenizer))
+
+def steps(model):
+    """The bucketed and the packed training step, each compiled with XLA."""
+    import tensorflow as tf
+
     packed = packing.PackedClassifier(model)
     optimizer = tf.keras.optimizers.SGD(1e-3)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -139,41 +137,49 @@ def main() -> None:
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
-    # notebook 01's batches: 32 rows, one of the data-chosen widths each
+    return bucketed_step, packed_step
+
+
+def rates(tokenized, tokenizer, boundaries, widths, repeats):
+    """Real tokens per second of notebook 01's batches (32 rows, one data-chosen width
+    each) and of packed batches of ``TOKENS_PER_BATCH`` tokens at each width."""
+    lengths = np.asarray(tokenized["length"])
+    real = int(lengths.sum())
+    types = tokenized["token_type_ids"] if "token_type_ids" in tokenized.column_names else None
+    ids, labels = list(tokenized["input_ids"]), list(tokenized["label"])
+    bucketed_step, packed_step = steps(build_model(len(tokenizer)))
     bucketed = list(text.make_text_dataset(tokenized, 32, boundaries, seed=0))
-    bucketed_s = time_pass(bucketed_step, bucketed, args.repeats)
-    rates = {"bucketed": real / bucketed_s}
+    seconds = time_pass(bucketed_step, bucketed, repeats)
+    out = {"bucketed": real / seconds}
     print("\n| training, XLA on one device | steps | seconds per pass | real tokens/s |")
     print("|---|---|---|---|")
     print(
-        f"| bucketed {boundaries}, 32 rows | {len(bucketed)} | {bucketed_s:.2f} |"
-        f" {rates['bucketed']:,.0f} |"
+        f"| bucketed {boundaries}, 32 rows | {len(bucketed)} | {seconds:.2f} | {out['bucketed']:,.0f} |"
     )
-    for width in (64, 128):
+    for width in widths:
         batch = TOKENS_PER_BATCH // width
-        ds, steps = packing.packed_dataset(ids, labels, width, batch, max_per_row=16, seed=0)
-        batches = list(ds)
-        seconds = time_pass(packed_step, batches, args.repeats)
-        rates[width] = real / seconds
-        print(
-            f"| packed, width {width}, {batch} rows | {steps} | {seconds:.2f} |"
-            f" {rates[width]:,.0f} |"
+        ds, n = packing.packed_dataset(
+            ids, labels, width, batch, max_per_row=16, seed=0, token_type_ids=types
         )
-    for width in (64, 128):
-        print(
-            f"packed width {width} / bucketed, real tokens per second:"
-            f" {rates[width] / rates['bucketed']:.2f}"
-        )
+        seconds = time_pass(packed_step, list(ds), repeats)
+        out[width] = real / seconds
+        print(f"| packed, width {width}, {batch} rows | {n} | {seconds:.2f} | {out[width]:,.0f} |")
+    for width in widths:
+        ratio = out[width] / out["bucketed"]
+        print(f"packed width {width} / bucketed, real tokens per second: {ratio:.2f}")
+    return out
 
-    # the estimate for bert-base proportions, from the token shares measured above
+
+def estimate(lengths, boundaries, packed_rows):
+    """The packed / bucketed ratio for bert-base proportions, from the token shares."""
+    real = int(lengths.sum())
     widths_of = np.asarray(boundaries)[np.searchsorted(boundaries, np.minimum(lengths, 128))]
     computed = {w: float((widths_of == w).sum() * w) for w in boundaries}
     total = sum(computed.values())
     bucket_cost = flops_per_real_token(
         768, 12, boundaries, {w: c / real for w, c in computed.items()}
     )
-    for width in (64, 128):
-        rows = packed_rows[width]
+    for width, rows in packed_rows.items():
         share = packing.pack_report(lengths, rows, width).real_token_share
         packed_cost = flops_per_real_token(768, 12, [width], {width: 1 / share})
         print(
@@ -181,6 +187,27 @@ def main() -> None:
             f" {bucket_cost / packed_cost:.2f} (FLOPs per real token; bucketed computes"
             f" {total / real:.2f} tokens per real one, packed {1 / share:.2f})"
         )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--examples", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--task", choices=[*TASKS, "both"], default="both")
+    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures"))
+    args = parser.parse_args()
+
+    from tpu_helpers.fixtures import build_fixtures
+
+    build_fixtures(Path(args.fixtures), verbose=False)
+    for task in TASKS if args.task == "both" else [args.task]:
+        tokenized, tokenizer = load(Path(args.fixtures), args.examples, task)
+        lengths = np.asarray(tokenized["length"])
+        boundaries = text.padding_boundaries(lengths, "buckets", 128)
+        print(f"\n## {task}: {len(lengths):,} examples, {int(lengths.sum()):,} real tokens\n")
+        packed_rows = shares(lengths, boundaries)
+        rates(tokenized, tokenizer, boundaries, list(packed_rows), args.repeats)
+        estimate(lengths, boundaries, packed_rows)
 
 
 if __name__ == "__main__":

@@ -211,7 +211,11 @@ def exercise_runs(fixtures_dir, tmp_path_factory):
             path = pending.pop(0)
             params = out / f"{path.stem}.yaml"
             params.write_text(
-                yaml.safe_dump(run_notebooks.notebook_parameters(path.stem, ROOT / "build"))
+                yaml.safe_dump(
+                    run_notebooks.notebook_parameters(
+                        run_notebooks.runs_of(path)[0][1], ROOT / "build"
+                    )
+                )
             )
             command = [sys.executable, "-m", "papermill", str(exercises.EXERCISES / path.name)]
             command += [str(out / path.name), "-f", str(params), "-k", "python3"]

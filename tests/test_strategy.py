@@ -131,3 +131,42 @@ def test_an_address_that_never_answers_fails_within_the_deadline():
     assert "did not finish within 5 s" in result.stdout, result.stdout
     assert f"grpc://127.0.0.1:{port}" in result.stdout and "timeout=" in result.stdout
     assert took < 60
+
+
+def test_simulated_replicas_train_many_steps_per_call_on_batches_of_several_widths():
+    """Keras' steps_per_execution loop on 2 simulated replicas, batches of two widths (an
+    embedding's sparse gradient changes shape with the width): it trains, and the two
+    replicas' copies of every variable stay equal."""
+    result = run_python(
+        """
+        import tpu_helpers
+        import numpy as np
+        import tensorflow as tf
+        s = tpu_helpers.connect(simulated_replicas=2, verbose=False)
+
+        def dataset_fn(context):
+            ids = [np.full((4, [8, 24][step % 2]), step % 50 + 1, np.int32) for step in range(32)]
+            ds = tf.data.Dataset.from_generator(
+                lambda: ((x, x[:, 0] % 2) for x in ids for _ in range(2)),  # one per replica
+                output_signature=(tf.TensorSpec([4, None], tf.int32), tf.TensorSpec([4], tf.int32)),
+            )
+            return ds
+
+        with s.scope():
+            model = tf.keras.Sequential([
+                tf.keras.layers.Embedding(64, 8),
+                tf.keras.layers.GlobalAveragePooling1D(),
+                tf.keras.layers.Dense(2),
+            ])
+            model.compile(
+                tf.keras.optimizers.Adam(1e-2),
+                tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                steps_per_execution=8,
+            )
+        model.fit(s.distribute_datasets_from_function(dataset_fn), epochs=1, steps_per_epoch=32, verbose=0)
+        gap = max(float(tf.reduce_max(tf.abs(v.values[0] - v.values[1]))) for v in model.weights)
+        print("TRAINED", gap)
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TRAINED 0.0" in result.stdout

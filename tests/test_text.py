@@ -249,3 +249,51 @@ def test_a_missing_column_is_named():
     del split["length"]
     with pytest.raises(ValueError, match="no column 'length'.*text.tokenize"):
         text.make_text_dataset(split, 2, [4])
+
+
+def test_sentence_pairs_are_tokenized_with_token_types_and_batched_with_them(fixtures_dir):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from tpu_helpers.fixtures import make_mrpc_like
+
+    rows = make_mrpc_like(0, {"train": 20})["train"]
+    split = Dataset.from_list(rows)
+    bert = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-bert"))
+    pairs = text.tokenize(split, bert, 128, "sentence1", text_pair_column="sentence2")
+    alone = text.tokenize(split, bert, 128, "sentence1")
+    assert "token_type_ids" in pairs.column_names and "token_type_ids" not in alone.column_names
+    for row, ids, types in zip(rows, pairs["input_ids"], pairs["token_type_ids"], strict=True):
+        expected = bert(row["sentence1"], row["sentence2"])
+        assert ids == expected["input_ids"] and types == expected["token_type_ids"]
+        assert 0 < sum(types) < len(types)  # the second sentence and its separator
+    ds = text.make_text_dataset(pairs, 8, [64, 128], shuffle=False)
+    features, _, weights = next(iter(ds))
+    assert set(features) == {"input_ids", "token_type_ids", "attention_mask"}
+    first = int(np.flatnonzero(weights.numpy())[0])
+    n = len(pairs["token_type_ids"][0])
+    assert features["token_type_ids"][first, :n].numpy().tolist() == pairs["token_type_ids"][0]
+    assert not features["token_type_ids"][first, n:].numpy().any()  # padding: type 0
+    # a tokenizer without token types (DistilBERT's) joins the pair without them
+    distil = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+    joined = text.tokenize(split, distil, 128, "sentence1", text_pair_column="sentence2")
+    assert "token_type_ids" not in joined.column_names
+    assert joined["input_ids"][0].count(distil.sep_token_id) == 2
+
+
+def test_missing_text_and_empty_splits_are_named():
+    from datasets import Dataset
+
+    from tpu_helpers.fixtures import make_mrpc_like
+
+    rows = make_mrpc_like(0, {"train": 4})["train"]
+    rows[2]["sentence2"] = None
+
+    class Whitespace:  # enough of a tokenizer for the check, which comes first
+        model_input_names = ["input_ids", "attention_mask"]
+
+    with pytest.raises(ValueError, match="Row 2 has no text in column 'sentence2'"):
+        text.tokenize(Dataset.from_list(rows), Whitespace(), 32, "sentence1", 1000, "sentence2")
+    empty = {"input_ids": [], "length": [], "label": []}
+    with pytest.raises(ValueError, match="no examples"):
+        text.make_text_dataset(empty, 8, [16])

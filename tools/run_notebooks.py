@@ -6,8 +6,9 @@
     python tools/run_notebooks.py --exercises --prepare-only --out workshop
                                     # the exercise edition, with the offline parameters
 
-Parameters come from ``tests/params/<notebook stem>.yaml``; ``${FIXTURES}`` and ``${BUILD}``
-in their values become absolute paths. The fixtures are built first (cached).
+Parameters come from ``tests/params/<notebook stem>.yaml``, and a notebook runs once more for
+each ``tests/params/<notebook stem>.<variant>.yaml`` (written to ``<stem>.<variant>.ipynb``);
+``${FIXTURES}`` and ``${BUILD}`` in their values become absolute paths. The fixtures are built first (cached).
 
 The console shows one progress line per notebook (which one, cells done, elapsed); what the
 kernels write to their standard error (TensorFlow's C++ log lines) goes to
@@ -30,11 +31,19 @@ NOTEBOOKS = ROOT / "notebooks"
 PARAMS = ROOT / "tests" / "params"
 
 
-def notebook_parameters(stem: str, build: Path) -> dict:
-    """The CPU parameters of notebook ``stem`` with placeholders filled in."""
-    path = PARAMS / f"{stem}.yaml"
+def runs_of(notebook: Path) -> list[tuple[str, Path]]:
+    """``(run name, parameter file)`` per run of a notebook: ``<stem>.yaml`` (run name
+    ``<stem>``), then each variant ``<stem>.<variant>.yaml`` (run ``<stem>.<variant>``),
+    the same notebook with other parameters (notebook 01 on sentence pairs, say)."""
+    path = PARAMS / f"{notebook.stem}.yaml"
     if not path.exists():
         raise SystemExit(f"{path} is missing: every notebook needs CPU parameters there.")
+    variants = sorted(PARAMS.glob(f"{notebook.stem}.*.yaml"))
+    return [(p.name.removesuffix(".yaml"), p) for p in [path, *variants]]
+
+
+def notebook_parameters(path: Path, build: Path) -> dict:
+    """The CPU parameters in ``path`` with placeholders filled in."""
     text = path.read_text()
     text = text.replace("${FIXTURES}", str(build / "fixtures")).replace("${BUILD}", str(build))
     return yaml.safe_load(text) or {}
@@ -65,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--exercises", action="store_true", help="the exercise edition (notebooks/exercises)"
     )
+    parser.add_argument(
+        "--no-variants", action="store_true", help="only <stem>.yaml, not <stem>.<variant>.yaml"
+    )
     args = parser.parse_args(argv)
 
     import papermill
@@ -82,17 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     notebooks = sorted(source.glob("[0-9][0-9]_*.ipynb"))
     if args.only:
         notebooks = [p for p in notebooks if any(p.name.startswith(o) for o in args.only)]
+    runs = [(nb, name, params) for nb in notebooks for name, params in runs_of(nb)]
+    if args.no_variants:
+        runs = [run for run in runs if run[1] == run[0].stem]
     executed, failed = [], []
     console = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-    for index, nb in enumerate(notebooks, 1):
-        target = out / nb.name
-        params = notebook_parameters(nb.stem, build)
+    for index, (nb, name, params_file) in enumerate(runs, 1):
+        target = out / f"{name}.ipynb"
+        params = notebook_parameters(params_file, build)
         start = time.time()
         progress = (
             False
             if args.prepare_only
             else {
-                "desc": f"[{index}/{len(notebooks)}] {nb.name}",
+                "desc": f"[{index}/{len(runs)}] {target.name}",
                 "file": console,
                 "bar_format": "{desc}: {n_fmt}/{total_fmt} cells, {elapsed}",
                 "mininterval": 2.0,
@@ -101,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         try:
-            with stderr_to(out / f"{nb.stem}.kernel.log"):
+            with stderr_to(out / f"{name}.kernel.log"):
                 papermill.execute_notebook(
                     str(nb),
                     str(target),
@@ -114,11 +129,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
             status = "prepared" if args.prepare_only else "ok"
         except papermill.PapermillExecutionError as err:
-            status = f"FAILED ({err.ename}: {err.evalue}; kernel log: {nb.stem}.kernel.log)"
-            failed.append(nb.name)
+            status = f"FAILED ({err.ename}: {err.evalue}; kernel log: {name}.kernel.log)"
+            failed.append(target.name)
         executed.append(target)
         print(
-            f"[{index}/{len(notebooks)}] {nb.name}: {status} in {time.time() - start:.1f} s",
+            f"[{index}/{len(runs)}] {target.name}: {status} in {time.time() - start:.1f} s",
             flush=True,
         )
 
