@@ -66,10 +66,22 @@ def test_build_writes_loadable_artifacts_and_is_idempotent(fixtures_dir, capsys)
     paths = build_fixtures(fixtures_dir)
     assert stamp.stat().st_mtime_ns == before
     assert "up to date" in capsys.readouterr().out
-    assert set(paths) == {"tiny-distilbert", "cola", "tiny-vit", "beans", "text-corpus"}
+    assert set(paths) == {
+        "tiny-distilbert",
+        "tiny-bert",
+        "cola",
+        "mrpc",
+        "tiny-vit",
+        "beans",
+        "text-corpus",
+    }
 
     from datasets import load_dataset
 
+    mrpc = load_dataset(paths["mrpc"])
+    assert mrpc["train"].column_names == ["sentence1", "sentence2", "label", "idx"]
+    assert mrpc["train"].features["label"].names == ["not_equivalent", "equivalent"]
+    assert 0.6 < np.mean(mrpc["train"]["label"]) < 0.75  # MRPC is about 68 % equivalent
     cola = load_dataset(paths["cola"])
     assert cola["train"].column_names == ["sentence", "label", "idx"]
     assert cola["train"].features["label"].names == ["unacceptable", "acceptable"]

@@ -95,14 +95,22 @@ def test_a_checkpoint_that_does_not_match_the_model_is_refused(tmp_path):
     assert "FINAL" not in renamed.stdout
 
 
-def test_a_corrupt_checkpoint_is_named(tmp_path):
+def test_a_corrupt_checkpoint_is_named_and_the_one_before_restored(tmp_path):
     first = run(tmp_path / "ckpt", "--epochs", "1")
     assert first.returncode == 0, first.stderr[-3000:]
-    index = sorted((tmp_path / "ckpt").glob("*.index"))[-1]
-    index.write_bytes(b"not a checkpoint index")
+    indexes = sorted((tmp_path / "ckpt").glob("*.index"), key=lambda p: int(p.stem.split("-")[1]))
+    assert len(indexes) >= 2
+    indexes[-1].write_bytes(b"not a checkpoint index")
+    resumed = run(tmp_path / "ckpt")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    latest, before = (str(p)[: -len(".index")] for p in indexes[-1:-3:-1])
+    assert f"checkpoint {latest} cannot be read; trying the one before it" in resumed.stdout
+    assert f"restored {before} at step" in resumed.stdout
+    for index in (tmp_path / "ckpt").glob("*.index"):  # the resumed run's too
+        index.write_bytes(b"not a checkpoint index")
     broken = run(tmp_path / "ckpt")
     assert broken.returncode != 0
-    assert f"Cannot read checkpoint {str(index)[: -len('.index')]}" in broken.stderr
+    assert f"No checkpoint in {tmp_path / 'ckpt'} can be read: " in broken.stderr
 
 
 def test_a_batch_of_the_wrong_size_is_refused():

@@ -7,9 +7,10 @@ What ``model.fit`` does for you, written out so each piece can be changed:
 * the loss of each replica divided by the *global* batch (``tf.nn.compute_average_loss``),
   so the gradients summed across replicas are those of the global mean;
 * metrics created in the strategy scope and reset every epoch;
-* a ``tf.train.CheckpointManager`` (any ``tf.io.gfile`` path: local, ``gs://``, ``ram://``)
-  holding model and optimizer. ``fit`` restores the latest checkpoint and continues from
-  its step: the optimizer's step counter goes on, and the data resumes at the same batch.
+* checkpoints of model and optimizer (``checkpoints.RunCheckpoints``, the code Keras
+  ``fit`` resumes with too; any ``tf.io.gfile`` path: local, ``gs://``, ``ram://``).
+  ``fit`` restores the latest checkpoint and continues from its step: the optimizer's
+  step counter goes on, and the data resumes at the same batch.
 """
 
 from __future__ import annotations
@@ -17,16 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import tpu_helpers._env  # noqa: F401
+from tpu_helpers.checkpoints import CheckpointMismatchError, RunCheckpoints, first_line
 from tpu_helpers.metrics import logits_of
 
-
-class CheckpointMismatchError(RuntimeError):
-    """A checkpoint cannot be read, or does not match the model and optimizer."""
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return " ".join(lines[:3]) if lines else type(error).__name__
+__all__ = ["CheckpointMismatchError", "CustomLoop"]
 
 
 class CustomLoop:
@@ -75,14 +70,14 @@ class CustomLoop:
             self.train_accuracy = tf.keras.metrics.SparseCategoricalAccuracy("train_accuracy")
             self.val_loss = tf.keras.metrics.Mean("val_loss")
             self.val_accuracy = tf.keras.metrics.SparseCategoricalAccuracy("val_accuracy")
-        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-        self.manager = (
-            tf.train.CheckpointManager(self.checkpoint, checkpoint_dir, max_to_keep=max_to_keep)
+        # the checkpoint code that fit_resumable uses: verified restores, fallback to the
+        # checkpoint before a damaged one
+        self.checkpoints = (
+            RunCheckpoints(checkpoint_dir, model, optimizer, max_to_keep=max_to_keep)
             if checkpoint_dir
             else None
         )
         self._train_call = tf.function(self._train_steps)
-        self._pending_restore = None
         self._eval_call = tf.function(self._eval_step)
 
     # --- one replica's work ---------------------------------------------------------
@@ -157,47 +152,14 @@ class CustomLoop:
         checkpoint, or ``CheckpointMismatchError`` names those that did not (a renamed
         layer, another architecture) instead of training on from fresh weights. Variables
         that do not exist yet (a model built by its first batch, optimizer slots) are
-        checked after the first training step, before anything is saved.
+        checked after the first training step, before anything is saved. A damaged latest
+        checkpoint falls back to the one before (see ``checkpoints.RunCheckpoints``).
         """
-        import tensorflow as tf
-
-        self._pending_restore = None
-        if not (self.manager and self.manager.latest_checkpoint):
-            return self.step
-        path = self.manager.latest_checkpoint
-        try:
-            status = self.checkpoint.restore(path)
-        except (tf.errors.OpError, ValueError) as err:
-            raise CheckpointMismatchError(
-                f"Cannot read checkpoint {path}: {_first_line(err)}. Fix: delete that"
-                " checkpoint (its .index and .data files) to resume from the one before, or"
-                " start in an empty checkpoint_dir."
-            ) from err
-        self._pending_restore = (status, path)
-        if self.model.variables:
-            self._verify_restore()
-        print(f"restored {path} at step {self.step}")
-        return self.step
+        return self.checkpoints.restore() if self.checkpoints else self.step
 
     def _verify_restore(self) -> None:
-        if self._pending_restore is None:
-            return
-        status, path = self._pending_restore
-        self._pending_restore = None
-        try:
-            status.assert_existing_objects_matched()
-        except AssertionError as err:
-            import re
-
-            names = re.findall(r"<tf\.Variable '([^']+)'", str(err))
-            found = f"{len(names)} not found, such as {names[:4]}" if names else _first_line(err)
-            raise CheckpointMismatchError(
-                f"Checkpoint {path} does not hold every variable of this model and"
-                f" optimizer ({found[:600]}). The weights would stay fresh while"
-                " the step count resumes. Fix: resume with the model (layer names"
-                " included) and optimizer that wrote it, or start in an empty"
-                " checkpoint_dir."
-            ) from err
+        if self.checkpoints:
+            self.checkpoints.verify()
 
     def evaluate(self, dataset, steps: int) -> dict:
         self.val_loss.reset_state()
@@ -253,7 +215,7 @@ class CustomLoop:
                     raise tf.errors.DataLossError(
                         err.node_def,
                         err.op,
-                        f"A record file of the training data is corrupt ({_first_line(err)}),"
+                        f"A record file of the training data is corrupt ({first_line(err)}),"
                         f" read in epoch {epoch + 1} after step {self.step}; TensorFlow does not"
                         " say which file. Fix: records.verify_records(<metadata or folder>)"
                         " names the shard; copy it again, or read with on_corrupt='skip'."
@@ -261,9 +223,10 @@ class CustomLoop:
                     ) from err
                 self._verify_restore()  # variables built by the first step exist now
                 done += n
-                if self.manager and (self.step % checkpoint_every == 0 or done == steps_per_epoch):
-                    path = self.manager.save(checkpoint_number=self.step)
-                    log(f"checkpoint step {self.step}: {path}")
+                if self.checkpoints and (
+                    self.step % checkpoint_every == 0 or done == steps_per_epoch
+                ):
+                    log(f"checkpoint step {self.step}: {self.checkpoints.save()}")
             row = {
                 "epoch": epoch + 1,
                 "step": self.step,

@@ -1,0 +1,128 @@
+"""Runs that are killed or interrupted resume to the weights and learning rates of a run
+that never stopped; checkpoints of another run, another model or damaged files are named."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "tests" / "resume_worker.py"
+
+
+def train(tmp_path, name, *flags):
+    """Run the worker in a new process; return (return code, stdout)."""
+    command = [sys.executable, str(WORKER), "--dir", str(tmp_path / f"{name}-ckpt")]
+    command += ["--out", str(tmp_path / f"{name}.npz"), "--lr-log", str(tmp_path / f"{name}.lr")]
+    done = subprocess.run(
+        command + list(flags), capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    return done.returncode, done.stdout + done.stderr[-3000:]
+
+
+def weights(tmp_path, name):
+    with np.load(tmp_path / f"{name}.npz") as saved:
+        return [saved[k] for k in sorted(saved.files, key=lambda k: int(k.split("_")[1]))]
+
+
+def learning_rates(tmp_path, name):
+    """step -> learning rate; a step run twice (after a kill) must have one rate."""
+    rates = {}
+    for line in (tmp_path / f"{name}.lr").read_text().split("\n"):
+        if line:
+            step, rate = line.split()
+            assert rates.setdefault(int(step), rate) == rate, (step, rates[int(step)], rate)
+    return rates
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("uninterrupted")
+    code, out = train(tmp_path, "whole")
+    assert code == 0, out
+    return weights(tmp_path, "whole"), learning_rates(tmp_path, "whole"), out
+
+
+# 6: mid-epoch, two steps after the save at 4; 8: just after the save at 8;
+# 13: at an epoch's end (13 steps an epoch), after its save
+@pytest.mark.parametrize("kill_at", [6, 8, 13])
+def test_a_run_killed_at_a_step_resumes_to_the_weights_of_one_that_never_stopped(
+    tmp_path, uninterrupted, kill_at
+):
+    whole, whole_rates, whole_out = uninterrupted
+    assert "STEPS 13 FINAL 39" in whole_out
+    code, out = train(tmp_path, "run", "--kill-at", str(kill_at))
+    assert code == -9, out  # SIGKILL: nothing after the kill ran
+    code, out = train(tmp_path, "run")
+    assert code == 0, out
+    assert f"restored {tmp_path}/run-ckpt/ckpt-" in out
+    assert "FINAL 39" in out
+    for a, b in zip(weights(tmp_path, "run"), whole, strict=True):
+        np.testing.assert_array_equal(a, b)  # op determinism: bit for bit
+    assert learning_rates(tmp_path, "run") == whole_rates
+
+
+def test_an_interrupt_then_a_rerun_in_the_same_process_trains_each_step_once(
+    tmp_path, uninterrupted
+):
+    whole, whole_rates, _ = uninterrupted
+    code, out = train(tmp_path, "run", "--interrupt-at", "6")
+    assert code == 0, out
+    assert "INTERRUPTED at step 6" in out and "restored" in out
+    for a, b in zip(weights(tmp_path, "run"), whole, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert learning_rates(tmp_path, "run") == whole_rates
+
+
+def tiny(units=3):
+    import tensorflow as tf
+
+    model = tf.keras.Sequential(
+        [tf.keras.Input((4,)), tf.keras.layers.Dense(units), tf.keras.layers.Dense(2)]
+    )
+    model.compile(tf.keras.optimizers.Adam(), "mse")
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def test_another_run_another_model_and_damaged_files_are_named(tmp_path):
+    from tpu_helpers.checkpoints import CheckpointMismatchError, RunCheckpoints
+
+    folder = str(tmp_path / "ckpt")
+    model = tiny()
+    saved = RunCheckpoints(folder, model, model.optimizer, {"steps_per_epoch": 10})
+    saved.save()
+    model.optimizer.iterations.assign(5)
+    latest = saved.save()
+
+    other_run = RunCheckpoints(folder, tiny(), model.optimizer, {"steps_per_epoch": 12})
+    with pytest.raises(CheckpointMismatchError, match="steps_per_epoch was 10 there and is 12"):
+        other_run.restore()
+    bigger = tiny(units=5)
+    with pytest.raises(CheckpointMismatchError, match="of another model.*shape"):
+        RunCheckpoints(folder, bigger, bigger.optimizer, {"steps_per_epoch": 10}).restore()
+
+    # a damaged latest checkpoint: the one before it is restored, and the log says so
+    data = next(Path(folder).glob(Path(latest).name + ".data-*"))
+    data.write_bytes(data.read_bytes()[:7])
+    said = []
+    fresh = tiny()
+    again = RunCheckpoints(folder, fresh, fresh.optimizer, {"steps_per_epoch": 10}, log=said.append)
+    assert again.restore() == 0
+    assert any("cannot be read" in line for line in said) and "step 0" in said[-1]
+    np.testing.assert_array_equal(fresh.layers[0].kernel.numpy(), model.layers[0].kernel.numpy())
+
+
+def test_a_model_without_weights_is_refused_with_the_fix(tmp_path):
+    import tensorflow as tf
+
+    from tpu_helpers.checkpoints import fit_resumable
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
+    model.compile("adam", "mse")
+    with pytest.raises(ValueError, match="no weights yet"):
+        fit_resumable(model, lambda e, s: None, 10, 1, str(tmp_path))
+    with pytest.raises(ValueError, match="steps_per_epoch=0"):
+        fit_resumable(model, lambda e, s: None, 0, 1, str(tmp_path))

@@ -1,0 +1,255 @@
+"""Checkpoints a long run resumes from exactly, wherever it was stopped.
+
+A Colab session disconnects, a Kaggle session reaches its limit, a preemptible TPU VM is
+taken back: the run must go on from its last checkpoint with nothing lost or done twice.
+
+* ``RunCheckpoints``: model and optimizer in a ``tf.train.CheckpointManager`` on any
+  ``tf.io.gfile`` path (local, ``gs://``, ``ram://``). The optimizer's step counter is the
+  data position: a run of ``steps_per_epoch`` steps an epoch resumes in epoch
+  ``step // steps_per_epoch``, ``step % steps_per_epoch`` steps in, and a learning-rate
+  schedule of that counter goes on where it was. Restores are verified (a variable the
+  checkpoint does not hold raises ``CheckpointMismatchError``); a latest checkpoint that
+  cannot be read falls back to the one before, saying so; ``run.json`` beside the
+  checkpoints records what they belong to (steps per epoch, batch, data set ...) and another
+  run is refused, with the difference named, before any step.
+* ``fit_resumable``: Keras ``fit`` one epoch per call, each from
+  ``dataset_fn(epoch, skip_steps)``, with a checkpoint every ``every_steps`` steps and/or
+  ``every_minutes`` minutes (at the end of the ``steps_per_execution`` call that reaches
+  them) and at each epoch's end. It saves step 0 before training, so running it again in
+  the same kernel after an interrupt restores the last checkpoint instead of training on
+  from weights the interrupted call had moved. ``initial_epoch`` keeps callbacks (TensorBoard
+  logs) counting on.
+
+>>> # fit_resumable(model, lambda epoch, skip: make(epoch, skip), steps, 3, "gs://b/run/ckpt",
+>>> #               every_minutes=10, run={"global_batch": 128}, callbacks=[log.callback()])
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+
+import tpu_helpers._env  # noqa: F401
+
+
+class CheckpointMismatchError(RuntimeError):
+    """A checkpoint cannot be read, or does not belong to this model, optimizer or run."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first lines of an error's message (TensorFlow's are long), or its type."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return " ".join(lines[:3]) if lines else type(error).__name__
+
+
+class RunCheckpoints:
+    """Save and restore ``model`` and ``optimizer`` in ``directory`` (see the module doc).
+
+    ``run`` holds what the checkpoints belong to (JSON values); it is written to
+    ``directory/run.json`` at the first save and compared at every restore.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        model,
+        optimizer,
+        run: dict | None = None,
+        max_to_keep: int = 3,
+        log: Callable[[str], None] = print,
+    ):
+        import tensorflow as tf
+
+        self.directory, self.model, self.optimizer, self.log = directory, model, optimizer, log
+        self.run = json.loads(json.dumps(run or {}, sort_keys=True))  # tuples as lists
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep)
+        self._pending = None
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken so far (restored with the checkpoint)."""
+        return int(self.optimizer.iterations.numpy())
+
+    @property
+    def run_file(self) -> str:
+        return f"{self.directory.rstrip('/')}/run.json"
+
+    def check_run(self) -> None:
+        """Refuse checkpoints of another run (see ``run``), naming what differs."""
+        import tensorflow as tf
+
+        if not self.run or not tf.io.gfile.exists(self.run_file):
+            return
+        with tf.io.gfile.GFile(self.run_file) as f:
+            recorded = json.load(f)
+        for key in sorted(recorded.keys() & self.run.keys()):
+            if recorded[key] != self.run[key]:
+                raise CheckpointMismatchError(
+                    f"{self.directory} holds the checkpoints of another run: {key} was"
+                    f" {recorded[key]!r} there and is {self.run[key]!r} now (the data"
+                    " position and the schedule would not match). Fix: run with"
+                    f" {key}={recorded[key]!r} to resume it, or pass a new checkpoint folder"
+                    " to start afresh (the old one is kept)."
+                )
+
+    def restore(self) -> int:
+        """Load the newest readable checkpoint, if any; return the step it resumes at.
+
+        Variables that exist already are checked at once; those created later (a model
+        built by its first batch, optimizer slots) by ``verify`` after the first step.
+        """
+        import tensorflow as tf
+
+        self.check_run()
+        self._pending = None
+        tried = []
+        for path in reversed(self.manager.checkpoints):
+            try:
+                status = self.checkpoint.restore(path)
+            except ValueError as err:  # read, but a variable has another shape
+                raise CheckpointMismatchError(
+                    f"Checkpoint {path} is of another model: {first_line(err)} Fix: resume"
+                    " with the model configuration that wrote it (same sizes), or start in an"
+                    " empty checkpoint folder."
+                ) from err
+            except (tf.errors.OpError, IndexError) as err:  # missing or damaged files
+                # (a truncated data file: IndexError "Read less bytes than requested")
+                tried.append(f"{path} ({first_line(err)})")
+                self.log(f"checkpoint {path} cannot be read; trying the one before it")
+                continue
+            self._pending = (status, path)
+            if self.model.variables:
+                self.verify()
+            self.log(f"restored {path} at step {self.step}")
+            return self.step
+        if tried:
+            raise CheckpointMismatchError(
+                f"No checkpoint in {self.directory} can be read: {'; '.join(tried)[:800]}."
+                " Fix: copy the folder again if it was copied, or start in an empty folder."
+            )
+        return self.step
+
+    def verify(self) -> None:
+        """Check that the last restore found every variable that exists now."""
+        if self._pending is None:
+            return
+        status, path = self._pending
+        self._pending = None
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError as err:
+            names = re.findall(r"<tf\.Variable '([^']+)'", str(err))
+            found = f"{len(names)} not found, such as {names[:4]}" if names else first_line(err)
+            raise CheckpointMismatchError(
+                f"Checkpoint {path} does not hold every variable of this model and"
+                f" optimizer ({found[:600]}). The weights would stay fresh while the step"
+                " count resumes. Fix: resume with the model (layer names included) and"
+                " optimizer that wrote it, or start in an empty checkpoint folder."
+            ) from err
+
+    def save(self) -> str:
+        """Write a checkpoint numbered by the step (and ``run.json`` the first time)."""
+        import tensorflow as tf
+
+        if self.run and not tf.io.gfile.exists(self.run_file):
+            tf.io.gfile.makedirs(self.directory)
+            with tf.io.gfile.GFile(self.run_file, "w") as f:
+                json.dump(self.run, f, indent=1, sort_keys=True)
+        return self.manager.save(checkpoint_number=self.step)
+
+
+def _saver(checkpoints: RunCheckpoints, every_steps: int | None, every_minutes: float | None):
+    """A Keras callback that saves when ``every_steps`` steps or ``every_minutes`` minutes
+    have passed since the last save, checked after each ``steps_per_execution`` call."""
+    import tensorflow as tf
+
+    class Saver(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.last_step, self.last_time = checkpoints.step, time.monotonic()
+
+        def on_train_batch_end(self, batch, logs=None):
+            step = checkpoints.step
+            due = every_steps and step - self.last_step >= every_steps
+            due = due or (every_minutes and time.monotonic() - self.last_time >= 60 * every_minutes)
+            if due:
+                path = checkpoints.save()
+                checkpoints.log(f"checkpoint step {step}: {path}")
+                self.last_step, self.last_time = step, time.monotonic()
+
+    return Saver()
+
+
+def _build_optimizer(model) -> None:
+    """Create the optimizer's slots now, so that a restore checks them at once."""
+    if not model.built or not model.variables:
+        raise ValueError(
+            "The model has no weights yet, so a checkpoint cannot be checked against it. Fix:"
+            " build it first (a transformers model from from_pretrained is built; otherwise"
+            " call it once on a batch, or model.build_in_name_scope())."
+        )
+    optimizer = model.optimizer  # Keras' optimizers (not the legacy ones) build slots so
+    if hasattr(optimizer, "add_variable_from_reference") and not getattr(
+        optimizer, "_built", False
+    ):
+        optimizer.build(model.trainable_variables)
+
+
+def fit_resumable(
+    model,
+    dataset_fn: Callable[[int, int], object],
+    steps_per_epoch: int,
+    epochs: int,
+    checkpoint_dir: str,
+    every_steps: int | None = None,
+    every_minutes: float | None = None,
+    run: dict | None = None,
+    callbacks=(),
+    max_to_keep: int = 2,
+    log: Callable[[str], None] = print,
+    **fit_kwargs,
+) -> dict:
+    """Train a compiled Keras ``model`` to ``epochs`` epochs, resuming from the newest
+    checkpoint in ``checkpoint_dir`` (see the module doc).
+
+    ``dataset_fn(epoch, skip_steps)`` returns epoch ``epoch``'s dataset (plain or
+    distributed) starting ``skip_steps`` steps in; it must give the same batches for the
+    same epoch in every process (seeded by the epoch: ``text.make_text_dataset(seed=epoch,
+    skip_steps=...)``, ``records.read_records(epoch=..., skip_steps=...)``). ``run`` adds to
+    what the checkpoints must match (``steps_per_epoch`` always). ``fit_kwargs`` go to every
+    ``fit`` call (``validation_data``, ``verbose`` ...). Returns the merged ``History``
+    dict of the epochs trained in this call.
+    """
+    for name, value in (("steps_per_epoch", steps_per_epoch), ("epochs", epochs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer.")
+    run = {"steps_per_epoch": steps_per_epoch, **(run or {})}
+    checkpoints = RunCheckpoints(checkpoint_dir, model, model.optimizer, run, max_to_keep, log)
+    _build_optimizer(model)
+    start = checkpoints.restore()
+    if not checkpoints.manager.latest_checkpoint:
+        checkpoints.save()  # step 0: what a re-run after an early interrupt starts from
+    if start >= steps_per_epoch * epochs:
+        log(f"already trained: step {start} of {steps_per_epoch * epochs}")
+        return {}
+    saver = _saver(checkpoints, every_steps, every_minutes)
+    history: dict = {}
+    for epoch in range(start // steps_per_epoch, epochs):
+        skip = checkpoints.step - epoch * steps_per_epoch
+        done = model.fit(
+            dataset_fn(epoch, skip),
+            initial_epoch=epoch,
+            epochs=epoch + 1,
+            steps_per_epoch=steps_per_epoch - skip,
+            callbacks=[*callbacks, saver],
+            **fit_kwargs,
+        )
+        if checkpoints.step != saver.last_step:
+            log(f"checkpoint step {checkpoints.step}: {checkpoints.save()}")
+            saver.last_step, saver.last_time = checkpoints.step, time.monotonic()
+        for key, values in done.history.items():
+            history.setdefault(key, []).extend(values)
+    return history
