@@ -1,5 +1,6 @@
 """Train a tiny classifier with ``checkpoints.fit_resumable`` on notebook 01's in-memory
-bucketed batches, for ``test_checkpoints``: uninterrupted, killed with SIGKILL when a step
+bucketed batches (or, with ``--data records``, notebook 03's TFRecord shards), for
+``test_checkpoints``: uninterrupted, killed with SIGKILL when a step
 is about to start (``--kill-at``), or interrupted by a ``KeyboardInterrupt`` and run again
 in the same process (``--interrupt-at``). Writes the final weights (``--out``, .npz) and
 appends ``step learning_rate`` per step to ``--lr-log``.
@@ -73,6 +74,7 @@ def main():
     parser.add_argument("--kill-at", type=int, default=-1)
     parser.add_argument("--interrupt-at", type=int, default=-1)
     parser.add_argument("--every", type=int, default=4)
+    parser.add_argument("--data", choices=["memory", "records"], default="memory")
     args = parser.parse_args()
 
     import tensorflow as tf
@@ -83,11 +85,31 @@ def main():
     tf.keras.utils.set_random_seed(0)
     split = counting_split()
     steps = text.count_steps(split["length"], WIDTHS, BATCH)
-    model = tiny_model(steps * EPOCHS)
 
     def dataset_fn(epoch, skip):
         return text.make_text_dataset(split, BATCH, WIDTHS, seed=epoch, skip_steps=skip)
 
+    if args.data == "records":  # notebook 03's path: shards written once, read per epoch
+        from tpu_helpers import records
+
+        folder = f"{args.dir}-records"
+        if not os.path.exists(f"{folder}/train.metadata.json"):
+            rows = [
+                dict(zip(split, values, strict=True))
+                for values in zip(*split.values(), strict=True)
+            ]
+            records.write_records(
+                rows, folder, columns=["input_ids", "label"], progress=False, shard_records=30
+            )
+        source = records.open_records(f"{folder}/train.metadata.json")
+        steps = records.read_records(source, BATCH, boundaries=WIDTHS, seed=0).steps
+
+        def dataset_fn(epoch, skip):  # noqa: F811
+            return records.read_records(
+                source, BATCH, boundaries=WIDTHS, seed=0, epoch=epoch, skip_steps=skip
+            )
+
+    model = tiny_model(steps * EPOCHS)
     watch = watchers(model, args)  # one interrupt in all
 
     def train():

@@ -64,6 +64,18 @@ def test_a_run_killed_at_a_step_resumes_to_the_weights_of_one_that_never_stopped
     assert learning_rates(tmp_path, "run") == whole_rates
 
 
+def test_the_records_path_resumes_mid_epoch_to_the_same_weights(tmp_path):
+    code, out = train(tmp_path, "whole", "--data", "records")
+    assert code == 0, out
+    code, out = train(tmp_path, "run", "--data", "records", "--kill-at", "6")
+    assert code == -9, out
+    code, out = train(tmp_path, "run", "--data", "records")
+    assert code == 0 and "restored" in out, out
+    for a, b in zip(weights(tmp_path, "run"), weights(tmp_path, "whole"), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert learning_rates(tmp_path, "run") == learning_rates(tmp_path, "whole")
+
+
 def test_an_interrupt_then_a_rerun_in_the_same_process_trains_each_step_once(
     tmp_path, uninterrupted
 ):

@@ -213,7 +213,7 @@ def exercise_runs(fixtures_dir, tmp_path_factory):
             params.write_text(
                 yaml.safe_dump(
                     run_notebooks.notebook_parameters(
-                        run_notebooks.runs_of(path)[0][1], ROOT / "build"
+                        run_notebooks.runs_of(path)[0][1], ROOT / "build", out / "outputs"
                     )
                 )
             )

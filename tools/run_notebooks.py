@@ -8,7 +8,8 @@
 
 Parameters come from ``tests/params/<notebook stem>.yaml``, and a notebook runs once more for
 each ``tests/params/<notebook stem>.<variant>.yaml`` (written to ``<stem>.<variant>.ipynb``);
-``${FIXTURES}`` and ``${BUILD}`` in their values become absolute paths. The fixtures are built first (cached).
+``${FIXTURES}`` and ``${OUTPUTS}`` in their values become absolute paths (see
+``notebook_parameters``). The fixtures are built first (cached).
 
 The console shows one progress line per notebook (which one, cells done, elapsed); what the
 kernels write to their standard error (TensorFlow's C++ log lines) goes to
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -42,10 +44,12 @@ def runs_of(notebook: Path) -> list[tuple[str, Path]]:
     return [(p.name.removesuffix(".yaml"), p) for p in [path, *variants]]
 
 
-def notebook_parameters(path: Path, build: Path) -> dict:
-    """The CPU parameters in ``path`` with placeholders filled in."""
-    text = path.read_text()
-    text = text.replace("${FIXTURES}", str(build / "fixtures")).replace("${BUILD}", str(build))
+def notebook_parameters(path: Path, build: Path, outputs: Path) -> dict:
+    """The CPU parameters in ``path`` with placeholders filled in: ``${FIXTURES}`` (the
+    fixtures in ``build``), ``${OUTPUTS}`` (what the runs write: checkpoints, records,
+    models; one folder per set of runs, so that no run resumes another's checkpoints)."""
+    text = path.read_text().replace("${FIXTURES}", str(build / "fixtures"))
+    text = text.replace("${OUTPUTS}", str(outputs))
     return yaml.safe_load(text) or {}
 
 
@@ -94,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     notebooks = sorted(source.glob("[0-9][0-9]_*.ipynb"))
     if args.only:
         notebooks = [p for p in notebooks if any(p.name.startswith(o) for o in args.only)]
+    if not args.prepare_only:  # a fresh run: nothing resumes an earlier run's checkpoints
+        shutil.rmtree(out / "outputs", ignore_errors=True)
     runs = [(nb, name, params) for nb in notebooks for name, params in runs_of(nb)]
     if args.no_variants:
         runs = [run for run in runs if run[1] == run[0].stem]
@@ -101,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     console = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     for index, (nb, name, params_file) in enumerate(runs, 1):
         target = out / f"{name}.ipynb"
-        params = notebook_parameters(params_file, build)
+        params = notebook_parameters(params_file, build, out / "outputs")
         start = time.time()
         progress = (
             False
