@@ -45,20 +45,22 @@ def uninterrupted(tmp_path_factory):
     return weights(tmp_path, "whole"), learning_rates(tmp_path, "whole"), out
 
 
-# 6: mid-epoch, two steps after the save at 4; 8: just after the save at 8;
-# 13: at an epoch's end (13 steps an epoch), after its save
-@pytest.mark.parametrize("kill_at", [6, 8, 13])
-def test_a_run_killed_at_a_step_resumes_to_the_weights_of_one_that_never_stopped(
-    tmp_path, uninterrupted, kill_at
+def test_a_run_killed_again_and_again_resumes_to_the_weights_of_one_that_never_stopped(
+    tmp_path, uninterrupted
 ):
+    """Killed with SIGKILL at step 6 (mid-epoch, two steps after the save at 4), then,
+    resumed, at 8 (just after the save at 8), then at 13 (an epoch's end, 13 steps an
+    epoch, after its save); the fourth process finishes the run."""
     whole, whole_rates, whole_out = uninterrupted
     assert "STEPS 13 FINAL 39" in whole_out
-    code, out = train(tmp_path, "run", "--kill-at", str(kill_at))
-    assert code == -9, out  # SIGKILL: nothing after the kill ran
+    for kill_at, resumed_from in ((6, None), (8, 4), (13, 8)):
+        code, out = train(tmp_path, "run", "--kill-at", str(kill_at))
+        assert code == -9, out  # SIGKILL: nothing after the kill ran
+        if resumed_from is not None:
+            assert f"restored {tmp_path}/run-ckpt/ckpt-{resumed_from} at step" in out, out
     code, out = train(tmp_path, "run")
     assert code == 0, out
-    assert f"restored {tmp_path}/run-ckpt/ckpt-" in out
-    assert "FINAL 39" in out
+    assert f"restored {tmp_path}/run-ckpt/ckpt-13 at step 13" in out and "FINAL 39" in out
     for a, b in zip(weights(tmp_path, "run"), whole, strict=True):
         np.testing.assert_array_equal(a, b)  # op determinism: bit for bit
     assert learning_rates(tmp_path, "run") == whole_rates

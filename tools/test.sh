@@ -2,12 +2,18 @@
 # All tests, on both stacks: the unit tests, then every notebook run cell by cell by nbval
 # with its CPU parameters (prepared by papermill into build/nbval-<stack>).
 #
-#   bash tools/test.sh                 # the CPU stack, then the TPU stack
+#   bash tools/test.sh                 # the CPU stack and the TPU stack, side by side
 #   bash tools/test.sh --stack cpu     # one stack: cpu (.venv) or tpu (.venv-tpu)
 #   bash tools/test.sh --stack tpu -k records    # further arguments go to pytest
 #
 # The TPU stack is Python 3.12 with tensorflow-tpu and libtpu, installed by the notebooks'
 # own install plan for a Colab TPU runtime (see tools/env.sh); it runs on the CPU.
+#
+# Both legs run at once: most of a leg's time is single-threaded (Python, tracing, XLA
+# compilation, new interpreters), so on a 2-core machine one leg used about one core. The
+# environments and the offline fixtures are made first, one after the other; each leg then
+# writes to build/test-<stack>.log and its own pytest temporary folder, and the logs are
+# printed when both have ended.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 stacks=(cpu tpu)
@@ -15,27 +21,62 @@ if [ "${1:-}" = "--stack" ]; then
   stacks=("$2")
   shift 2
 fi
-for stack in "${stacks[@]}"; do
-  echo "=== tests on the $stack stack"
-  start=$SECONDS
-  (
-    export STACK="$stack"
-    source tools/env.sh
-    rm -rf "build/nbval-$stack"
-    extra=()
-    variants=()
-    # The install-plan dry runs ask the package index about other runtimes, and the
-    # exercise notebooks run to their first stub (cells that nbval runs on both stacks in
-    # the solution notebooks); neither depends on the stack installed here, so one leg
-    # runs them. The same holds for the parameter variants of a notebook (notebook 01 on
-    # sentence pairs): the notebook's code paths run on both legs with its main parameters.
-    if [ "$stack" = tpu ]; then
-      extra=(-m "not package_index and not exercise_run")
-      variants=(--no-variants)
-    fi
-    python tools/run_notebooks.py --prepare-only --out "build/nbval-$stack" "${variants[@]}"
-    python -m pytest tests "build/nbval-$stack" --nbval-lax --nbval-current-env \
-      --nbval-cell-timeout=900 -p no:cacheprovider "${extra[@]}" "$@"
-  )
-  echo "=== $stack stack: $((SECONDS - start)) s"
+
+leg() {
+  local stack="$1"
+  shift
+  export STACK="$stack"
+  source tools/env.sh
+  rm -rf "build/nbval-$stack" "build/pytest-$stack"
+  extra=()
+  variants=()
+  # The install-plan dry runs ask the package index about other runtimes, and the
+  # exercise notebooks run to their first stub (cells that nbval runs on both stacks in
+  # the solution notebooks); neither depends on the stack installed here, so one leg
+  # runs them. The same holds for the parameter variants of a notebook (notebook 01 on
+  # sentence pairs): the notebook's code paths run on both legs with its main parameters.
+  if [ "$stack" = tpu ]; then
+    extra=(-m "not package_index and not exercise_run")
+    variants=(--no-variants)
+  fi
+  python tools/run_notebooks.py --prepare-only --out "build/nbval-$stack" "${variants[@]}"
+  python -m pytest tests "build/nbval-$stack" --nbval-lax --nbval-current-env \
+    --nbval-cell-timeout=900 -p no:cacheprovider --basetemp "build/pytest-$stack" \
+    "${extra[@]}" "$@"
+}
+
+for stack in "${stacks[@]}"; do  # environments first, one at a time (pip, disk)
+  (STACK="$stack" && source tools/env.sh)
 done
+(STACK="${stacks[0]}" && source tools/env.sh && python -m tpu_helpers fixtures build/fixtures)
+
+if [ "${#stacks[@]}" -eq 1 ]; then
+  echo "=== tests on the ${stacks[0]} stack"
+  start=$SECONDS
+  (leg "${stacks[0]}" "$@")
+  echo "=== ${stacks[0]} stack: $((SECONDS - start)) s"
+  exit 0
+fi
+
+start=$SECONDS
+declare -A pids
+for stack in "${stacks[@]}"; do
+  (
+    leg_start=$SECONDS
+    status=0
+    (leg "$stack" "$@") > "build/test-$stack.log" 2>&1 || status=$?
+    echo "=== $stack stack: $((SECONDS - leg_start)) s, exit $status" >> "build/test-$stack.log"
+    exit "$status"
+  ) &
+  pids[$stack]=$!
+done
+failed=0
+for stack in "${stacks[@]}"; do
+  wait "${pids[$stack]}" || failed=1
+done
+for stack in "${stacks[@]}"; do
+  echo "=== tests on the $stack stack (build/test-$stack.log)"
+  cat "build/test-$stack.log"
+done
+echo "=== both stacks: $((SECONDS - start)) s side by side"
+exit "$failed"
