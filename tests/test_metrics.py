@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 
 from tpu_helpers.metrics import accuracy, majority_rate, matthews_correlation
@@ -82,3 +83,24 @@ def test_count_examples_in_the_runtime():
     nested = tf.data.Dataset.from_tensor_slices(({"ids": x}, x, x)).batch(8, drop_remainder=True)
     assert count_examples(plain) == 42 and count_examples(nested) == 40
     assert examples_per_second(nested, passes=2) > 0
+
+
+def test_matthews_correlation_of_several_classes_is_the_correlation_of_one_hot_labels():
+    rng = np.random.default_rng(0)
+    for classes in (2, 3, 5):
+        y = rng.integers(0, classes, size=200)
+        p = np.where(rng.random(200) < 0.6, y, rng.integers(0, classes, size=200))
+        w = rng.random(200)
+        # the definition: covariance of the one-hot matrices over their standard deviations
+        onehot_y, onehot_p = np.eye(classes)[y], np.eye(classes)[p]
+
+        def cov(a, b, w=w):
+            a = a - np.average(a, axis=0, weights=w)
+            b = b - np.average(b, axis=0, weights=w)
+            return float(np.sum(w[:, None] * a * b))
+
+        expected = cov(onehot_y, onehot_p) / np.sqrt(
+            cov(onehot_y, onehot_y) * cov(onehot_p, onehot_p)
+        )
+        assert abs(matthews_correlation(y, p, w) - expected) < 1e-12
+    assert matthews_correlation([0, 1, 2], [0, 1, 2]) == 1.0

@@ -9,7 +9,9 @@ import numpy as np
 
 
 def matthews_correlation(labels: Sequence[int], predictions: Sequence[int], weights=None) -> float:
-    """Matthews correlation coefficient of binary labels, CoLA's official metric.
+    """Matthews correlation coefficient, CoLA's official metric; for more than two classes
+    its multi-class form (Gorodkin's R_K, from the confusion matrix), which is the binary
+    one when there are two.
 
     0 when a class is never predicted (or never present), as scikit-learn returns.
 
@@ -18,14 +20,16 @@ def matthews_correlation(labels: Sequence[int], predictions: Sequence[int], weig
     >>> matthews_correlation([1, 0, 1, 0], [1, 1, 1, 1])
     0.0
     """
-    y, p = np.asarray(labels), np.asarray(predictions)
+    y, p = np.asarray(labels, dtype=np.int64), np.asarray(predictions, dtype=np.int64)
     w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
-    tp = float(w[(y == 1) & (p == 1)].sum())
-    tn = float(w[(y == 0) & (p == 0)].sum())
-    fp = float(w[(y == 0) & (p == 1)].sum())
-    fn = float(w[(y == 1) & (p == 0)].sum())
-    denom = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
-    return 0.0 if denom == 0 else (tp * tn - fp * fn) / denom
+    classes = int(max(y.max(initial=0), p.max(initial=0))) + 1
+    confusion = np.zeros((classes, classes))
+    np.add.at(confusion, (y, p), w)
+    total, correct = confusion.sum(), np.trace(confusion)
+    true, predicted = confusion.sum(axis=1), confusion.sum(axis=0)
+    numerator = correct * total - predicted @ true
+    denom = math.sqrt((total**2 - predicted @ predicted) * (total**2 - true @ true))
+    return 0.0 if denom == 0 else float(numerator / denom)
 
 
 def accuracy(labels, predictions, weights=None) -> float:
