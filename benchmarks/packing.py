@@ -51,7 +51,8 @@ def load(fixtures: Path, examples: int, task: str):
     tokenizer = AutoTokenizer.from_pretrained(str(fixtures / checkpoint))
     split = load_dataset(str(fixtures / data))["train"].shuffle(seed=0)
     split = split.select(range(min(examples, len(split))))
-    tokenized = text.tokenize(split, tokenizer, 128, columns[0], 1000, (columns[1:] or [None])[0])
+    pair = columns[1] if len(columns) > 1 else None
+    tokenized = text.tokenize(split, tokenizer, 128, columns[0], 1000, pair)
     return tokenized, tokenizer
 
 

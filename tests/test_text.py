@@ -292,7 +292,7 @@ def test_missing_text_and_empty_splits_are_named():
     class Whitespace:  # enough of a tokenizer for the check, which comes first
         model_input_names = ["input_ids", "attention_mask"]
 
-    with pytest.raises(ValueError, match="Row 2 has no text in column 'sentence2'"):
+    with pytest.raises(ValueError, match="Column 'sentence2' has a missing value .None. at row 2"):
         text.tokenize(Dataset.from_list(rows), Whitespace(), 32, "sentence1", 1000, "sentence2")
     empty = {"input_ids": [], "length": [], "label": []}
     with pytest.raises(ValueError, match="no examples"):

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import tpu_helpers._env  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 
-FIXTURES_VERSION = 5
+FIXTURES_VERSION = 6
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
@@ -268,30 +268,10 @@ def write_tiny_distilbert(out: Path, corpus: list[str], seed: int) -> None:
     """Train a cased WordPiece tokenizer on ``corpus`` and save an untrained DistilBERT
     masked language model (classification notebooks load its base and add their head)."""
     import tensorflow as tf
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from tokenizers.trainers import WordPieceTrainer
-    from transformers import DistilBertConfig, DistilBertTokenizerFast, TFDistilBertForMaskedLM
+    from transformers import DistilBertConfig, TFDistilBertForMaskedLM
 
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=False)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(corpus, WordPieceTrainer(vocab_size=1000, special_tokens=special))
-    # The trainer numbers tokens of equal frequency in hash order, which changes from run to
-    # run; renumber (specials first, then sorted) so a seed always gives the same ids.
-    learned = sorted(set(tok.get_vocab()) - set(special))
-    vocab = {token: i for i, token in enumerate(special + learned)}
-    tok.model = models.WordPiece(vocab=vocab, unk_token="[UNK]")
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
-    )
-    tokenizer = DistilBertTokenizerFast(
-        tokenizer_object=tok, model_max_length=512, do_lower_case=False
-    )
+    tokenizer = train_tokenizer("distilbert", corpus, vocab_size=1000)
+    tok = tokenizer.backend_tokenizer
 
     tf.keras.utils.set_random_seed(seed)
     config = DistilBertConfig(
@@ -333,7 +313,7 @@ TOKENIZER_KINDS = {
 def train_tokenizer(family: str, corpus: list[str], vocab_size: int = 600):
     """A fast tokenizer of ``family``'s class (``BertTokenizerFast``, ``AlbertTokenizerFast``
     ...) with the tokenizer model, special tokens and pair template of its hub checkpoints,
-    trained on ``corpus``: loads with ``AutoTokenizer.from_pretrained`` once saved."""
+    trained on ``corpus`` (WordPiece ones cased): loads with ``AutoTokenizer.from_pretrained`` once saved."""
     from tokenizers import (
         Tokenizer,
         decoders,
@@ -371,6 +351,13 @@ def train_tokenizer(family: str, corpus: list[str], vocab_size: int = 600):
             vocab_size=vocab_size, special_tokens=specials, unk_token=unk
         )
     tok.train_from_iterator(corpus, trainer)
+    if kind == "wordpiece":
+        # The trainer numbers tokens of equal frequency in hash order; renumber them
+        # (specials first, then sorted). Its ties can still change which sub-words it
+        # learns from one build to the next (seen: 359 tokens, a few dozen differing).
+        learned = sorted(set(tok.get_vocab()) - set(specials))
+        vocab = {token: i for i, token in enumerate(specials + learned)}
+        tok.model = models.WordPiece(vocab=vocab, unk_token=unk)
     ids = {t: tok.token_to_id(t) for t in specials}
     assert [ids[t] for t in specials] == list(range(len(specials))), ids
     used = [t for t in specials if t in single + pair]
@@ -383,6 +370,8 @@ def train_tokenizer(family: str, corpus: list[str], vocab_size: int = 600):
     else:
         names = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": specials[0]}
     names.update(unk_token=unk, mask_token=specials[-1])
+    if kind == "wordpiece":  # cased: the fast classes would lowercase by default
+        names["do_lower_case"] = False
     cls = tokenizer_class_from_name(_FAST_CLASS[family])
     return cls(tokenizer_object=tok, model_max_length=512, **names)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import tpu_helpers._env  # noqa: F401  (TF_USE_LEGACY_KERAS before TF loads)
-from tpu_helpers.validate import check_boundaries, check_labels
+from tpu_helpers.validate import check_boundaries, check_labels, check_present
 
 SCHEMES = ("max_length", "multiple", "buckets")
 
@@ -155,13 +155,7 @@ def tokenize(
     def encode(batch, rows):
         texts = [batch[c] for c in columns]
         for column, values in zip(columns, texts, strict=True):
-            missing = [r for r, v in zip(rows, values, strict=True) if v is None]
-            if missing:
-                raise ValueError(
-                    f"Row {missing[0]} has no text in column {column!r} ({len(missing)} such"
-                    " row(s) in its batch). Fix: drop or fill them first, e.g."
-                    f" dataset.filter(lambda x: x[{column!r}] is not None)."
-                )
+            check_present(values, column, first_row=rows[0])
         enc = tokenizer(
             *texts,
             truncation=True,
@@ -478,8 +472,7 @@ def longest_padded_dataset(
     import tensorflow as tf
 
     lengths = np.asarray(split["length"])
-    tokens = np.concatenate([np.asarray(x, np.int32) for x in split["input_ids"]])
-    ragged = tf.RaggedTensor.from_row_lengths(tokens, lengths)
+    ragged = _ragged(split["input_ids"], lengths, int(lengths.max()))
     labels = check_labels(split[label_column], column=label_column)
     order = np.random.default_rng(seed).permutation(len(lengths)) if shuffle else None
     if order is not None:

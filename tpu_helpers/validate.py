@@ -16,16 +16,28 @@ import numpy as np
 INT32 = (-(2**31), 2**31 - 1)
 
 
+def check_present(values, column: str, first_row: int = 0) -> None:
+    """Refuse a column with missing values (``None``), naming the first one's row
+    (``first_row`` is the row of ``values[0]``, for a column checked in batches).
+
+    >>> check_present(["a", None], "sentence", first_row=10)
+    Traceback (most recent call last):
+    ...
+    ValueError: Column 'sentence' has a missing value (None) at row 11 (1 in all here). Fix: fill or drop those rows (dataset.filter(lambda x: x['sentence'] is not None)).
+    """
+    missing = np.flatnonzero([v is None for v in values])
+    if len(missing):
+        raise ValueError(
+            f"Column {column!r} has a missing value (None) at row {first_row + int(missing[0])}"
+            f" ({len(missing)} in all here). Fix: fill or drop those rows"
+            f" (dataset.filter(lambda x: x[{column!r}] is not None))."
+        )
+
+
 def _as_array(values, column: str) -> np.ndarray:
     array = np.asarray(values)
     if array.dtype == object:
-        missing = np.flatnonzero([v is None for v in array.reshape(-1)])
-        if len(missing):
-            raise ValueError(
-                f"Column {column!r} has a missing value (None) at row {int(missing[0])}"
-                f" ({len(missing)} in all). Fix: fill or drop those rows"
-                " (dataset.filter(lambda x: x[column] is not None))."
-            )
+        check_present(array.reshape(-1), column)
         array = array.astype(np.float64)
     return array
 
