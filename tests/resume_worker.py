@@ -126,11 +126,12 @@ def main():
         )
 
     try:
-        train()
+        history = train()
     except KeyboardInterrupt:
         print("INTERRUPTED at step", int(model.optimizer.iterations.numpy()))
-        train()  # the cell run again, in the same process
+        history = train()  # the cell run again, in the same process
     print("STEPS", steps, "FINAL", int(model.optimizer.iterations.numpy()))
+    print("EPOCHS IN HISTORY", len(history["loss"]))
     np.savez(args.out, *model.get_weights())
 
 

@@ -61,6 +61,7 @@ def test_a_run_killed_again_and_again_resumes_to_the_weights_of_one_that_never_s
     code, out = train(tmp_path, "run")
     assert code == 0, out
     assert f"restored {tmp_path}/run-ckpt/ckpt-13 at step 13" in out and "FINAL 39" in out
+    assert "EPOCHS IN HISTORY 3" in out  # the epochs of the killed processes are kept
     for a, b in zip(weights(tmp_path, "run"), whole, strict=True):
         np.testing.assert_array_equal(a, b)  # op determinism: bit for bit
     assert learning_rates(tmp_path, "run") == whole_rates

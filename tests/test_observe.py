@@ -59,6 +59,26 @@ def test_fit_writes_loss_learning_rate_and_rates_per_epoch(tmp_path):
     )
 
 
+def test_an_epoch_resumed_in_its_middle_counts_the_steps_it_ran(tmp_path, monkeypatch):
+    model = _tiny_model()
+    log = observe.TrainingLog(str(tmp_path), examples_per_epoch=64, run="resumed")
+    clock = iter(range(0, 100, 3))  # each epoch lasts 3 "seconds"
+    monkeypatch.setattr(observe.time, "perf_counter", lambda: next(clock))
+    # epoch 2 of 4 steps each, resumed after its first step: 3 steps in 3 s
+    model.optimizer.iterations.assign(5)
+    model.fit(
+        _xy().skip(1),
+        initial_epoch=1,
+        epochs=2,
+        verbose=0,
+        callbacks=[log.callback(steps_per_epoch=4)],
+    )
+    monkeypatch.undo()
+    train = log.scalars()
+    assert train["epoch_seconds"] == [(2, 4.0)]  # the whole epoch's estimate
+    assert train["examples_per_second"] == [(2, 16.0)]  # 48 examples in 3 s
+
+
 def test_a_ram_bucket_takes_the_logs_too():
     log = observe.TrainingLog("ram://observe-test/logs", run="first")
     log.write(0, {"loss": 0.5, "val_loss": 0.7}, seconds=2.0, learning_rate=0.1)
@@ -120,6 +140,15 @@ def test_a_new_width_after_the_expected_ones_is_reported(tmp_path):
     assert "element 6" in lines[-1] and "input_ids=[4 24] labels=[4]" in lines[-1]
     assert "UNEXPECTED" in lines[-1] and '"' not in lines[-1]
     assert watch.report() == []  # reported once
+    # the next epoch's dataset (fit_resumable makes one per epoch): its widths are known
+    again = [w for w in watch.watch(ds.skip(3))]
+    assert len(again) == len(widths) - 3
+    assert len(watch.events()) == 3 and watch.report() == []
+    wider = ds.map(lambda f, y: ({"input_ids": tf.pad(f["input_ids"], [[0, 0], [0, 8]])}, y))
+    list(watch.watch(wider.take(1)))  # width 16: known; 32 next would be the fourth shape
+    list(watch.watch(wider.skip(6)))
+    assert [e["shapes_so_far"] for e in watch.events()] == [1, 2, 3, 4]
+    assert "input_ids=[4 32]" in watch.report()[0]
 
 
 def test_a_profile_of_a_few_steps_is_written(tmp_path):

@@ -220,8 +220,8 @@ def fit_resumable(
     same epoch in every process (seeded by the epoch: ``text.make_text_dataset(seed=epoch,
     skip_steps=...)``, ``records.read_records(epoch=..., skip_steps=...)``). ``run`` adds to
     what the checkpoints must match (``steps_per_epoch`` always). ``fit_kwargs`` go to every
-    ``fit`` call (``validation_data``, ``verbose`` ...). Returns the merged ``History``
-    dict of the epochs trained in this call.
+    ``fit`` call (``validation_data``, ``verbose`` ...). Returns the ``History`` dict of
+    every epoch of the run, those of earlier processes included (``history.json``).
     """
     for name, value in (("steps_per_epoch", steps_per_epoch), ("epochs", epochs)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -234,9 +234,9 @@ def fit_resumable(
         checkpoints.save()  # step 0: what a re-run after an early interrupt starts from
     if start >= steps_per_epoch * epochs:
         log(f"already trained: step {start} of {steps_per_epoch * epochs}")
-        return {}
+        return _History(checkpoint_dir).merged()
     saver = _saver(checkpoints, every_steps, every_minutes)
-    history: dict = {}
+    history = _History(checkpoint_dir)
     for epoch in range(start // steps_per_epoch, epochs):
         skip = checkpoints.step - epoch * steps_per_epoch
         done = model.fit(
@@ -247,9 +247,38 @@ def fit_resumable(
             callbacks=[*callbacks, saver],
             **fit_kwargs,
         )
-        if checkpoints.step != saver.last_step:
+        history.add(epoch, done.history)  # before the save: a kill between the two redoes
+        if checkpoints.step != saver.last_step:  # the epoch's end, whose row it replaces
             log(f"checkpoint step {checkpoints.step}: {checkpoints.save()}")
             saver.last_step, saver.last_time = checkpoints.step, time.monotonic()
-        for key, values in done.history.items():
-            history.setdefault(key, []).extend(values)
-    return history
+    return history.merged()
+
+
+class _History:
+    """``fit``'s history per epoch in ``directory/history.json``, so that a run resumed in
+    another process returns (and plots) the epochs of the processes before it too. An
+    epoch resumed in the middle reports the metrics of the steps it ran after the resume."""
+
+    def __init__(self, directory: str):
+        import tensorflow as tf
+
+        self.path = f"{directory.rstrip('/')}/history.json"
+        self.epochs: dict[str, dict] = {}
+        if tf.io.gfile.exists(self.path):
+            with tf.io.gfile.GFile(self.path) as f:
+                self.epochs = json.load(f)
+
+    def add(self, epoch: int, logs: dict) -> None:
+        import tensorflow as tf
+
+        self.epochs[str(epoch)] = {k: [float(v) for v in vs] for k, vs in logs.items()}
+        with tf.io.gfile.GFile(self.path, "w") as f:
+            json.dump(self.epochs, f, indent=1)
+
+    def merged(self) -> dict:
+        """``{metric: [value per epoch]}`` in epoch order, as ``History.history``."""
+        out: dict = {}
+        for epoch in sorted(self.epochs, key=int):
+            for key, values in self.epochs[epoch].items():
+                out.setdefault(key, []).extend(values)
+        return out

@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 import tpu_helpers._env  # noqa: F401
 
 
@@ -93,9 +95,12 @@ class TrainingLog:
         logs: Mapping[str, float],
         seconds: float | None = None,
         learning_rate: float | None = None,
+        share: float = 1.0,
     ) -> dict:
         """Write one epoch (0-based ``epoch``, shown as step ``epoch + 1``); return the
-        scalars written, by run."""
+        scalars written, by run. ``share``: the part of the epoch that ran in ``seconds``
+        (an epoch resumed from a checkpoint in its middle), so rates count only its steps
+        and ``epoch_seconds`` is the whole epoch's estimate."""
         import tensorflow as tf
 
         scalars: dict[str, dict[str, float]] = {"train": {}, "validation": {}}
@@ -110,7 +115,8 @@ class TrainingLog:
                 scalars["train"][key] = float(value)
         if learning_rate is not None:
             scalars["train"]["learning_rate"] = float(learning_rate)
-        if seconds and seconds > 0:
+        if seconds and seconds > 0 and share > 0:
+            seconds = seconds / share
             scalars["train"]["epoch_seconds"] = float(seconds)
             if self.examples_per_epoch:
                 scalars["train"]["examples_per_second"] = self.examples_per_epoch / seconds
@@ -125,20 +131,30 @@ class TrainingLog:
             self._writers[part].flush()
         return scalars
 
-    def callback(self):
-        """A Keras callback that writes each epoch's logs, learning rate and rates."""
+    def callback(self, steps_per_epoch: int | None = None):
+        """A Keras callback that writes each epoch's logs, learning rate and rates.
+
+        ``steps_per_epoch``: the steps of a whole epoch, for ``fit`` calls that run part of
+        one (``checkpoints.fit_resumable`` resuming mid-epoch): the rates then count the
+        steps the optimizer took. Without it every ``fit`` epoch counts as whole.
+        """
         import tensorflow as tf
 
         log = self
 
         class _Callback(tf.keras.callbacks.Callback):
+            def _step(self):
+                optimizer = getattr(self.model, "optimizer", None)
+                return int(optimizer.iterations.numpy()) if optimizer is not None else 0
+
             def on_epoch_begin(self, epoch, logs=None):
-                self._start = time.perf_counter()
+                self._start, self._first = time.perf_counter(), self._step()
 
             def on_epoch_end(self, epoch, logs=None):
                 seconds = time.perf_counter() - self._start
+                share = (self._step() - self._first) / steps_per_epoch if steps_per_epoch else 1
                 rate = _learning_rate(getattr(self.model, "optimizer", None))
-                log.write(epoch, logs or {}, seconds, rate)
+                log.write(epoch, logs or {}, seconds, rate, share)
 
         return _Callback()
 
@@ -325,6 +341,10 @@ class CompileWatch:
     to ``watch.path``; ``watch.callback()`` in ``fit`` prints the lines as they come, and
     ``watch.events()`` returns them. ``expected`` shapes (the widths you chose) are
     announced as expected; any shape beyond them is the recompilation trap of notebook 05.
+
+    One watch may watch several datasets (one per epoch, as ``fit_resumable`` makes them):
+    each starts from the shapes the watch has recorded, as the compiled programs do, so a
+    width is reported once per run, not once per dataset.
     """
 
     def __init__(self, log_dir: str, expected: int | None = None, capacity: int = 256):
@@ -344,10 +364,14 @@ class CompileWatch:
         width = sum(ranks)
         names = _leaf_names(dataset.element_spec)
         capacity = self.capacity
+        recorded = self.events()  # shapes of datasets watched before: compiled already
+        known = [e["key"] for e in recorded if len(e["key"]) == width][: capacity - 1]
+        seen = np.full([capacity, width], -1, np.int64)
+        seen[: len(known)] = np.asarray(known, np.int64).reshape(-1, width)
         initial = (
             tf.constant(0, tf.int64),
-            tf.fill([capacity, width], tf.constant(-1, tf.int64)),
-            tf.constant(0, tf.int64),
+            tf.constant(seen),
+            tf.constant(len(recorded), tf.int64),
         )
 
         def step(state, element):
@@ -365,7 +389,13 @@ class CompileWatch:
 
             def record():
                 line = tf.strings.join(
-                    [tf.strings.as_string(index), tf.strings.as_string(count + 1), shapes], "\t"
+                    [
+                        tf.strings.as_string(index),
+                        tf.strings.as_string(count + 1),
+                        tf.strings.reduce_join(tf.strings.as_string(key), separator=","),
+                        shapes,
+                    ],
+                    "\t",
                 )
                 printed = tf.print(line, output_stream=f"file://{self.path}")
                 with tf.control_dependencies([printed]):
@@ -382,9 +412,10 @@ class CompileWatch:
         return dataset.scan(initial, step)
 
     def events(self) -> list[dict]:
-        """Every new shape so far: ``{"element", "shapes_so_far", "shapes", "expected"}``;
-        ``element`` counts the watched dataset's elements from 0 (per-replica batches when
-        it feeds a strategy's replicas, so a step is ``element // replicas_per_host``)."""
+        """Every new shape so far: ``{"element", "shapes_so_far", "shapes", "expected",
+        "key"}``; ``element`` counts the elements of the watched dataset it was found in
+        from 0 (per-replica batches when it feeds a strategy's replicas, so a step is
+        ``element // replicas_per_host``); ``key`` is the flat list of its dimensions."""
         import tensorflow as tf
 
         if not tf.io.gfile.exists(self.path):
@@ -393,7 +424,7 @@ class CompileWatch:
             lines = [line.rstrip("\n") for line in f if line.strip()]
         out = []
         for line in lines:
-            element, so_far, shapes = line.split("\t", 2)
+            element, so_far, key, shapes = line.split("\t", 3)
             n = int(so_far)
             out.append(
                 {
@@ -401,6 +432,7 @@ class CompileWatch:
                     "shapes_so_far": n,
                     "shapes": shapes,
                     "expected": self.expected is None or n <= self.expected,
+                    "key": [int(d) for d in key.split(",")],
                 }
             )
         return out

@@ -239,11 +239,8 @@ class CustomLoop:
             if training_log is not None:
                 from tpu_helpers.observe import _learning_rate
 
-                # a resumed epoch ran only part of its steps: scale the rates to them
-                share = (steps_per_epoch - steps_before) / steps_per_epoch
-                training_log.write(
-                    epoch, row, seconds / share if share else None, _learning_rate(self.optimizer)
-                )
+                share = (steps_per_epoch - steps_before) / steps_per_epoch  # resumed: < 1
+                training_log.write(epoch, row, seconds, _learning_rate(self.optimizer), share)
             log(
                 " ".join(
                     f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
