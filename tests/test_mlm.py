@@ -91,6 +91,27 @@ def test_masking_statistics_match_the_data_collator(tokenizer, corpus):
     assert replaced.max() > 0.8 * vocab
 
 
+def test_random_replacements_reach_every_id_of_a_large_vocabulary():
+    """XLM-R's 250,002 ids: every id can be drawn, about equally often (reading the id off
+    the choosing draw reached half of them, with probabilities 1.5x apart)."""
+    vocab = 250_002
+    ids = tf.fill([4096, 512], 5)
+    drawn = []
+    for step in range(12):
+        masked, _, weights = mlm.mask_tokens(ids, [7, step], 4, vocab, [0, 1, 2, 3, 4])
+        masked = masked.numpy()
+        drawn.append(masked[(masked != 4) & (masked != 5)])
+    drawn = np.concatenate(drawn)
+    assert abs(len(drawn) / (12 * ids.shape[0] * ids.shape[1]) - 0.015) < 0.001
+    counts = np.bincount(drawn, minlength=vocab)
+    # about 1.5 draws an id: uniform draws leave exp(-1.5) = 22 % of the ids undrawn (an
+    # id that cannot be drawn at all adds to that: reading the id off the choosing draw
+    # left 52 % undrawn)
+    assert abs((counts == 0).mean() - np.exp(-len(drawn) / vocab)) < 0.005
+    top, bottom = counts[: vocab // 2].sum(), counts[vocab // 2 :].sum()
+    assert abs(top / bottom - 1) < 0.01
+
+
 def test_the_same_step_gets_the_same_mask_and_epochs_differ(tokenizer, corpus):
     ids = _batch(tokenizer, corpus, rows=64, width=32)
     run = list(mlm.masked_dataset(ids, 8, tokenizer, seed=5, epoch=0))

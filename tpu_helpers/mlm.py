@@ -221,13 +221,17 @@ def mask_tokens(
     table = np.zeros(max(vocab_size, max(special_ids, default=0) + 1), bool)
     table[list(special_ids)] = True
     special = tf.gather(tf.constant(table), ids)
-    # One uniform draw per position decides everything: u < probability chooses it, and
-    # for a chosen one u / probability is again uniform in [0, 1): below 0.8 the mask token,
-    # 0.8-0.9 a random id (read off the same number), above 0.9 the token stays.
+    # One uniform draw per position chooses it (u < probability) and what it becomes: for
+    # a chosen one u / probability is again uniform in [0, 1): below 0.8 the mask token,
+    # 0.8-0.9 a random id, above 0.9 the token stays. The random id is a draw of its own,
+    # uniform over the whole vocabulary (a float32 u has too few values in that band to
+    # reach every id of a 250,000-token vocabulary).
     u = tf.random.stateless_uniform(tf.shape(ids), seed)
     chosen = (u < probability) & ~special
     how = u / probability
-    random_ids = tf.cast(tf.minimum((how - 0.8) * 10.0 * vocab_size, vocab_size - 1), ids.dtype)
+    id_seed = tf.random.experimental.stateless_fold_in(seed, 1)
+    random_ids = tf.random.stateless_uniform(tf.shape(ids), id_seed, 0, vocab_size, dtype=tf.int64)
+    random_ids = tf.cast(random_ids, ids.dtype)
     masked = tf.where(chosen & (how < 0.8), tf.cast(mask_token_id, ids.dtype), ids)
     masked = tf.where(chosen & (how >= 0.8) & (how < 0.9), random_ids, masked)
     return masked, ids, tf.cast(chosen, tf.float32)
