@@ -147,6 +147,20 @@ def test_a_tokenizer_without_a_mask_token_is_refused(tokenizer):
         mlm.masked_dataset(np.zeros((8, 16), np.int32), 4, gpt2_like)
 
 
+def test_a_run_of_a_few_blocks_reads_only_the_leading_text_they_need():
+    from datasets import Dataset
+
+    lines = Dataset.from_dict({"text": ["x" * (i % 7) * 10 for i in range(25_000)]})
+    need = 40 * 16 * mlm.CHARACTERS_PER_TOKEN  # 3,840 characters
+    taken = mlm.leading_text(lines, "text", 40, 16, chunk=64)
+    sizes = [len(t) for t in taken["text"]]
+    assert sum(sizes) >= need > sum(sizes[:-1])  # enough, and not one row more
+    assert taken["text"] == lines["text"][: len(taken)]
+    assert len(mlm.leading_text(lines, "text", 10**6, 512)) == len(lines)  # all there is
+    with pytest.raises(ValueError, match="blocks=0"):
+        mlm.leading_text(lines, "text", 0, 16)
+
+
 def test_blank_lines_and_headings_are_dropped():
     from datasets import Dataset
 

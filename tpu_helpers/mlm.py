@@ -47,6 +47,28 @@ def clean_lines(dataset, text_column: str = "text"):
     return dataset.filter(keep, batched=True, desc="drop blank lines and headings")
 
 
+# English prose is about 4 to 4.5 characters a token under BPE and WordPiece vocabularies
+# of 30-50k; 6 leaves a margin for smaller vocabularies and for what clean_lines drops.
+CHARACTERS_PER_TOKEN = 6
+
+
+def leading_text(dataset, text_column: str, blocks: int, block_size: int, chunk: int = 10_000):
+    """The leading rows of ``dataset`` that hold about enough text for ``blocks`` blocks
+    of ``block_size`` tokens (``CHARACTERS_PER_TOKEN`` characters a token), read
+    ``chunk`` rows at a time: a run limited to ``blocks`` blocks trains its tokenizer on,
+    tokenizes and packs only those rows, not the whole corpus."""
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+        raise ValueError(f"blocks={blocks!r} must be a positive integer.")
+    need, read = blocks * block_size * CHARACTERS_PER_TOKEN, 0
+    for start in range(0, len(dataset), chunk):
+        texts = dataset[start : start + chunk][text_column]
+        ends = read + np.cumsum([len(t or "") for t in texts])
+        if ends[-1] >= need:
+            return dataset.select(range(start + int(np.searchsorted(ends, need)) + 1))
+        read = int(ends[-1])
+    return dataset
+
+
 def train_tokenizer(
     dataset,
     folder: str,
