@@ -1,9 +1,10 @@
-"""Train a tiny classifier with ``checkpoints.fit_resumable`` on notebook 01's in-memory
-bucketed batches (or, with ``--data records``, notebook 03's TFRecord shards), for
-``test_checkpoints``: uninterrupted, killed with SIGKILL when a step
-is about to start (``--kill-at``), or interrupted by a ``KeyboardInterrupt`` and run again
-in the same process (``--interrupt-at``). Writes the final weights (``--out``, .npz) and
-appends ``step learning_rate`` per step to ``--lr-log``.
+"""Train a tiny model with ``checkpoints.fit_resumable`` (or ``CustomLoop.fit`` with
+``--loop custom``) for ``test_checkpoints``: on notebook 01's in-memory bucketed batches,
+notebook 03's TFRecord shards (``--data records``) or notebook 06's masked blocks read from
+shards (``--data masked``); uninterrupted, killed with SIGKILL when a step is about to
+start (``--kill-at``), or interrupted by a ``KeyboardInterrupt`` and run again in the same
+process (``--interrupt-at``). Writes the final weights (``--out``, .npz) and appends
+``step learning_rate`` per step (per call of ``CustomLoop``) to ``--lr-log``.
 
     python tests/resume_worker.py --dir CKPT --out weights.npz --lr-log lr.txt [--kill-at 6]
 """
@@ -30,14 +31,27 @@ def counting_split(n=100, seed=0):
     }
 
 
-def tiny_model(total_steps):
+class BlockTokenizer:
+    """What ``mlm.mask_batches`` reads of a tokenizer: ids 0-3 special, 3 the mask."""
+
+    mask_token_id, all_special_ids = 3, [0, 1, 2, 3]
+
+    def __len__(self):
+        return 60
+
+
+def tiny_model(total_steps, masked=False):
     import tensorflow as tf
 
     ids = tf.keras.Input((None,), dtype=tf.int32, name="input_ids")
-    mask = tf.keras.Input((None,), dtype=tf.int32, name="attention_mask")
     x = tf.keras.layers.Embedding(60, 8)(ids)
-    x = tf.keras.layers.GlobalAveragePooling1D()(x, mask=tf.cast(mask, tf.bool))
-    model = tf.keras.Model({"input_ids": ids, "attention_mask": mask}, tf.keras.layers.Dense(2)(x))
+    if masked:  # a token's logits over the vocabulary, as a masked-LM head gives
+        model = tf.keras.Model({"input_ids": ids}, tf.keras.layers.Dense(60)(x))
+    else:
+        mask = tf.keras.Input((None,), dtype=tf.int32, name="attention_mask")
+        x = tf.keras.layers.GlobalAveragePooling1D()(x, mask=tf.cast(mask, tf.bool))
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        model = tf.keras.Model(inputs, tf.keras.layers.Dense(2)(x))
     schedule = tf.keras.optimizers.schedules.PolynomialDecay(0.05, total_steps, 0.0)
     model.compile(
         optimizer=tf.keras.optimizers.Adam(schedule),
@@ -47,23 +61,52 @@ def tiny_model(total_steps):
     return model
 
 
+def before_each_step(model, args):
+    """Kill, interrupt (once) or log the learning rate when a step is about to start."""
+    state = {"interrupted": False}
+
+    def check():
+        step = int(model.optimizer.iterations.numpy())
+        if step == args.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step == args.interrupt_at and not state["interrupted"]:
+            state["interrupted"] = True
+            raise KeyboardInterrupt
+        with open(args.lr_log, "a") as log:
+            log.write(f"{step} {float(model.optimizer.learning_rate):.10g}\n")
+
+    return check
+
+
 def watchers(model, args):
     import tensorflow as tf
 
-    class Watch(tf.keras.callbacks.Callback):
-        interrupted = False
+    check = before_each_step(model, args)
 
+    class Watch(tf.keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
-            step = int(model.optimizer.iterations.numpy())
-            if step == args.kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if step == args.interrupt_at and not Watch.interrupted:
-                Watch.interrupted = True
-                raise KeyboardInterrupt
-            with open(args.lr_log, "a") as log:
-                log.write(f"{step} {float(model.optimizer.learning_rate):.10g}\n")
+            check()
 
     return [Watch()]
+
+
+def custom_loop(model, args):
+    """A ``CustomLoop`` on ``model``, two steps a call, its calls watched."""
+    import tensorflow as tf
+
+    from tpu_helpers.training import CustomLoop
+
+    loop = CustomLoop(
+        tf.distribute.get_strategy(), model, model.optimizer, BATCH, args.dir, steps_per_call=2
+    )
+    check, call = before_each_step(model, args), loop._train_call
+
+    def watched(iterator, steps):
+        check()
+        return call(iterator, steps)
+
+    loop._train_call = watched
+    return loop
 
 
 def main():
@@ -74,7 +117,8 @@ def main():
     parser.add_argument("--kill-at", type=int, default=-1)
     parser.add_argument("--interrupt-at", type=int, default=-1)
     parser.add_argument("--every", type=int, default=4)
-    parser.add_argument("--data", choices=["memory", "records"], default="memory")
+    parser.add_argument("--data", choices=["memory", "records", "masked"], default="memory")
+    parser.add_argument("--loop", choices=["fit", "custom"], default="fit")
     args = parser.parse_args()
 
     import tensorflow as tf
@@ -89,41 +133,54 @@ def main():
     def dataset_fn(epoch, skip):
         return text.make_text_dataset(split, BATCH, WIDTHS, seed=epoch, skip_steps=skip)
 
-    if args.data == "records":  # notebook 03's path: shards written once, read per epoch
-        from tpu_helpers import records
+    if args.data != "memory":  # notebooks 03 and 06: shards written once, read per epoch
+        from tpu_helpers import mlm, records
 
         folder = f"{args.dir}-records"
+        if args.data == "masked":  # blocks of 16 token ids, no labels: the masks make them
+            rows = [{"input_ids": (ids + [5] * 16)[:16]} for ids in split["input_ids"]]
+            widths, label_column = None, None
+        else:
+            pairs = zip(split["input_ids"], split["label"], strict=True)
+            rows = [{"input_ids": ids, "label": y} for ids, y in pairs]
+            widths, label_column = WIDTHS, "label"
         if not os.path.exists(f"{folder}/train.metadata.json"):
-            rows = [
-                dict(zip(split, values, strict=True))
-                for values in zip(*split.values(), strict=True)
-            ]
-            records.write_records(
-                rows, folder, columns=["input_ids", "label"], progress=False, shard_records=30
-            )
+            records.write_records(rows, folder, progress=False, shard_records=30)
         source = records.open_records(f"{folder}/train.metadata.json")
-        steps = records.read_records(source, BATCH, boundaries=WIDTHS, seed=0).steps
 
         def dataset_fn(epoch, skip):  # noqa: F811
-            return records.read_records(
-                source, BATCH, boundaries=WIDTHS, seed=0, epoch=epoch, skip_steps=skip
+            batches = records.read_records(
+                source, BATCH, label_column, widths, seed=0, epoch=epoch, skip_steps=skip
             )
+            if args.data == "masked":  # notebook 06: the masks of (seed, epoch, step)
+                return mlm.mask_batches(batches, BlockTokenizer(), 0, epoch, first_step=skip)
+            return batches
 
-    model = tiny_model(steps * EPOCHS)
-    watch = watchers(model, args)  # one interrupt in all
+        steps = records.read_records(source, BATCH, label_column, widths, seed=0).steps
 
-    def train():
-        return checkpoints.fit_resumable(
-            model,
-            dataset_fn,
-            steps,
-            EPOCHS,
-            args.dir,
-            every_steps=args.every,
-            run={"global_batch": BATCH},
-            callbacks=watch,
-            verbose=0,
-        )
+    model = tiny_model(steps * EPOCHS, masked=args.data == "masked")
+    if args.loop == "custom":
+        loop = custom_loop(model, args)
+
+        def train():
+            history = loop.fit(dataset_fn, steps, EPOCHS, checkpoint_every=args.every)
+            return {"loss": [row["loss"] for row in history]}
+
+    else:
+        watch = watchers(model, args)  # one interrupt in all
+
+        def train():
+            return checkpoints.fit_resumable(
+                model,
+                dataset_fn,
+                steps,
+                EPOCHS,
+                args.dir,
+                every_steps=args.every,
+                run={"global_batch": BATCH},
+                callbacks=watch,
+                verbose=0,
+            )
 
     try:
         history = train()

@@ -45,26 +45,42 @@ def uninterrupted(tmp_path_factory):
     return weights(tmp_path, "whole"), learning_rates(tmp_path, "whole"), out
 
 
-def test_a_run_killed_again_and_again_resumes_to_the_weights_of_one_that_never_stopped(
-    tmp_path, uninterrupted
-):
+def kill_chain(tmp_path, whole, whole_rates, *flags):
     """Killed with SIGKILL at step 6 (mid-epoch, two steps after the save at 4), then,
     resumed, at 8 (just after the save at 8), then at 13 (an epoch's end, 13 steps an
-    epoch, after its save); the fourth process finishes the run."""
-    whole, whole_rates, whole_out = uninterrupted
-    assert "STEPS 13 FINAL 39" in whole_out
+    epoch, after its save); the fourth process finishes the run. Returns its output."""
     for kill_at, resumed_from in ((6, None), (8, 4), (13, 8)):
-        code, out = train(tmp_path, "run", "--kill-at", str(kill_at))
+        code, out = train(tmp_path, "run", "--kill-at", str(kill_at), *flags)
         assert code == -9, out  # SIGKILL: nothing after the kill ran
         if resumed_from is not None:
             assert f"restored {tmp_path}/run-ckpt/ckpt-{resumed_from} at step" in out, out
-    code, out = train(tmp_path, "run")
+    code, out = train(tmp_path, "run", *flags)
     assert code == 0, out
     assert f"restored {tmp_path}/run-ckpt/ckpt-13 at step 13" in out and "FINAL 39" in out
-    assert "EPOCHS IN HISTORY 3" in out  # the epochs of the killed processes are kept
     for a, b in zip(weights(tmp_path, "run"), whole, strict=True):
         np.testing.assert_array_equal(a, b)  # op determinism: bit for bit
     assert learning_rates(tmp_path, "run") == whole_rates
+    return out
+
+
+def test_a_run_killed_again_and_again_resumes_to_the_weights_of_one_that_never_stopped(
+    tmp_path, uninterrupted
+):
+    whole, whole_rates, whole_out = uninterrupted
+    assert "STEPS 13 FINAL 39" in whole_out
+    out = kill_chain(tmp_path, whole, whole_rates)
+    assert "EPOCHS IN HISTORY 3" in out  # the epochs of the killed processes are kept
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [("--data", "masked"), ("--loop", "custom")],
+    ids=["notebook-06-masked-blocks", "custom-loop"],
+)
+def test_masked_pretraining_and_the_custom_loop_resume_the_same_way(tmp_path, flags):
+    code, out = train(tmp_path, "whole", *flags)
+    assert code == 0 and "STEPS 13 FINAL 39" in out, out
+    kill_chain(tmp_path, weights(tmp_path, "whole"), learning_rates(tmp_path, "whole"), *flags)
 
 
 def test_the_records_path_resumes_mid_epoch_to_the_same_weights(tmp_path):
