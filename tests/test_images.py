@@ -119,6 +119,33 @@ def test_training_augments_differently_each_epoch_and_repeats_per_seed(bucket):
     assert first.shape == (6, 3, 32, 32)
 
 
+@pytest.mark.parametrize("cache", [False, True], ids=["streamed", "cached"])
+def test_an_epoch_resumed_mid_way_gets_the_batches_of_the_uninterrupted_one(bucket, cache):
+    paths, labels, _ = bucket
+    paths, labels = paths * 2, labels * 2  # 12 images: 6 batches of 2
+
+    def batches(epoch, skip=0):
+        ds = images.image_dataset(
+            paths, labels, SPEC, 2, training=True, seed=1, cache=cache, epoch=epoch, skip_steps=skip
+        )
+        assert ds.steps == 6 - skip
+        return [(f["pixel_values"].numpy(), y.numpy()) for f, y in ds]
+
+    whole, resumed = batches(1), batches(1, skip=4)
+    assert len(resumed) == 2
+    for (a, ya), (b, yb) in zip(whole[4:], resumed, strict=True):
+        np.testing.assert_array_equal(a, b)  # same images, same crops and flips
+        assert ya.tolist() == yb.tolist()
+    other = batches(2)
+    assert not all(np.array_equal(a, b) for (a, _), (b, _) in zip(whole, other, strict=True))
+    # a second pass over one dataset reshuffles, from the cache too
+    ds = images.image_dataset(paths, labels, SPEC, 12, training=True, seed=1, cache=cache)
+    first, second = ([y.numpy().tolist() for _, y in ds] for _ in range(2))
+    assert first != second
+    with pytest.raises(ValueError, match="skip_steps=6: an epoch has 6 batches"):
+        images.image_dataset(paths, labels, SPEC, 2, training=True, skip_steps=6)
+
+
 def _broken_files():
     good = _bytes(leaf_image(np.random.default_rng(1), 0, 64))
     files = {

@@ -594,6 +594,8 @@ def image_dataset(
     on_error: str = "raise",
     reduced_decode: bool = True,
     max_pixels: int = MAX_PIXELS,
+    epoch: int = 0,
+    skip_steps: int = 0,
 ):
     """A ``tf.data.Dataset`` of ``({"pixel_values": [B, 3, H, W]}, labels[, weights])``.
 
@@ -601,6 +603,12 @@ def image_dataset(
     ``batch_size`` (the last partial one dropped). ``training=False``: in order, not
     augmented, and the last batch is completed with copies weighted 0, so every image is
     scored once; elements then carry a third item, the sample weights.
+
+    The first pass over the dataset has the order and augmentations of ``(seed, epoch)``
+    alone, and ``skip_steps`` starts it that many batches in (the files skipped are not
+    read): a run resumed in the middle of an epoch (``checkpoints.fit_resumable`` with
+    ``image_dataset(..., epoch=epoch, skip_steps=skip)``) sees the batches an
+    uninterrupted one would. Further passes reshuffle and draw new augmentations.
 
     JPEG files are decoded at a reduced scale when all of them are JPEGs and their size
     allows (``jpeg_scale``; ``reduced_decode=False`` turns it off). Before decoding, each
@@ -610,7 +618,7 @@ def image_dataset(
     ``cache=True`` keeps the decoded, resized images (uint8) in memory after the first
     epoch, before augmentation. ``on_error="skip"`` checks every file first and leaves out the
     missing and broken ones, printing how many; the default raises naming the file.
-    The number of batches is on the dataset as ``steps``.
+    The number of batches (after ``skip_steps``) is on the dataset as ``steps``.
     """
     import tensorflow as tf
 
@@ -646,6 +654,15 @@ def image_dataset(
         labels = np.concatenate([labels, labels[:fill]])
         weights = np.concatenate([weights, np.zeros(fill, np.float32)])
     steps = len(paths) // batch_size
+    if (
+        isinstance(skip_steps, bool)
+        or not isinstance(skip_steps, int)
+        or not 0 <= skip_steps < steps
+    ):
+        raise ValueError(
+            f"skip_steps={skip_steps!r}: an epoch has {steps} batches of {batch_size}, so"
+            f" skip from 0 to {steps - 1}. Fix: resume with the batch size of the run."
+        )
     scale, antialias = _jpeg_plan(paths, *spec.decode_size) if reduced_decode else (0, True)
 
     def load(path, label, weight, seed=None):
@@ -665,24 +682,29 @@ def image_dataset(
         return image, label, weight
 
     ds = tf.data.Dataset.from_tensor_slices((paths, labels, weights))
-    if training:
-        ds = ds.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
-    seeds = _augmentation_seeds(seed)
-    if training and not cache:  # crop and flip before the one resize
-        ds = tf.data.Dataset.zip((ds, seeds)).map(
-            lambda item, s: load(*item, seed=s), num_parallel_calls=tf.data.AUTOTUNE
-        )
-    else:
-        ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
-    if cache:
-        ds = ds.cache()
-        if training:  # the cache holds resized images: augment them after it
-            ds = tf.data.Dataset.zip((ds, seeds)).map(
+    order_seed = seed + 7919 * epoch  # one shuffle and one augmentation stream per epoch
+    skipped = skip_steps * batch_size
+
+    def shuffled(items):  # with the augmentation seeds, then the steps done skipped
+        if not training:
+            return items.skip(skipped)
+        items = items.shuffle(len(paths), seed=order_seed, reshuffle_each_iteration=True)
+        return tf.data.Dataset.zip((items, _augmentation_seeds(order_seed))).skip(skipped)
+
+    if not cache:  # crop and flip (training) before the one resize
+        ds = shuffled(ds)
+        if training:
+            ds = ds.map(lambda item, s: load(*item, seed=s), num_parallel_calls=tf.data.AUTOTUNE)
+        else:
+            ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
+    else:  # the cache holds resized images in file order; shuffled and augmented after it
+        ds = shuffled(ds.map(load, num_parallel_calls=tf.data.AUTOTUNE).cache())
+        if training:
+            ds = ds.map(
                 lambda item, s: (augment(item[0], s), item[1], item[2]),
                 num_parallel_calls=tf.data.AUTOTUNE,
             )
-
-    return _batches(ds, spec, batch_size, steps, with_weights=not training)
+    return _batches(ds, spec, batch_size, steps - skip_steps, with_weights=not training)
 
 
 # --- images as TFRecords ----------------------------------------------------------------
