@@ -477,6 +477,11 @@ def test_values_that_would_read_back_wrong_are_refused(tmp_path):
     records.write_records(unlabelled, str(tmp_path / "test-split"))
     with pytest.raises(RecordsError, match="'label' holds label -1.*GLUE test splits"):
         records.read_records(str(tmp_path / "test-split"), 2)
+    three = [{"input_ids": [1, 2], "label": i % 3} for i in range(6)]  # into a 2-label model
+    records.write_records(three, str(tmp_path / "three"))
+    with pytest.raises(RecordsError, match="holds label 2, and the model has 2 labels.*=3"):
+        records.read_records(str(tmp_path / "three"), 2, num_labels=2)
+    assert records.read_records(str(tmp_path / "three"), 2, num_labels=3).steps == 3
     with pytest.raises(ValueError, match="Fix: boundaries=\\[4, 8\\]"):
         records.read_records(str(tmp_path / "none"), 2, boundaries=[8, 4])
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import tpu_helpers._env  # noqa: F401
+from tpu_helpers.validate import check_labels as check_label_values
 
 _JPEG, _PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
 _OTHER = (b"GIF87a", b"GIF89a", b"BM")
@@ -176,13 +177,10 @@ def rebase_paths(paths: Sequence[str], base: str, keep: int = 2) -> list[str]:
 
 def check_labels(labels: Sequence[int], class_names: Sequence[str], model_config=None) -> None:
     """Refuse labels outside ``class_names`` and a model whose ``num_labels`` differs."""
-    labels = np.asarray(labels)
-    if labels.size and (labels.min() < 0 or labels.max() >= len(class_names)):
-        bad = labels[(labels < 0) | (labels >= len(class_names))][0]
-        raise ValueError(
-            f"Label {bad} is outside the {len(class_names)} classes {list(class_names)}."
-            " Fix: check the label column."
-        )
+    try:
+        check_label_values(labels, len(class_names), "labels")
+    except ValueError as err:
+        raise ValueError(f"{err} The classes: {list(class_names)}.") from None
     if model_config is not None and model_config.num_labels != len(class_names):
         raise ValueError(
             f"The model has {model_config.num_labels} output labels, the data"
@@ -315,59 +313,44 @@ def _valid(data, jpeg_only: bool = False):
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif")
 
 
-def _sampled_jpeg_sizes(paths: Sequence[str], sample: int) -> list[tuple[int, int]]:
-    """``(height, width)`` from the headers of ``sample`` JPEGs spread over ``paths``."""
-    import tensorflow as tf
-
-    paths = list(paths)
-    picks = np.unique(np.linspace(0, len(paths) - 1, min(sample, len(paths))).astype(int))
-    sizes = []
-    for path in (paths[i] for i in picks):
-        try:
-            h, w, _ = tf.io.extract_jpeg_shape(tf.io.read_file(path)).numpy()
-        except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):
-            continue  # the pipeline reports this file by name
-        sizes.append((int(h), int(w)))
-    return sizes
-
-
 def _all_jpeg(paths: Sequence[str]) -> bool:
     return bool(paths) and all(str(p).lower().endswith(JPEG_SUFFIXES) for p in paths)
 
 
-def jpeg_scale(paths: Sequence[str], height: int, width: int, sample: int = 32) -> int:
-    """The JPEG decoding scale (1, 2, 4 or 8) for these files: the largest at which every
-    one of ``sample`` images spread over the list still covers ``height x width``; 0 when
-    not every path is a JPEG (then ``decode_image`` decodes each file in full). An image
-    the sample missed that the scale would shrink below the target stops the pipeline
-    with its name (see ``image_dataset``)."""
-    if not _all_jpeg(paths):
-        return 0
-    return _scale_for(_sampled_jpeg_sizes(paths, sample), height, width)
+#: A JPEG is decoded at 1/2, 1/4 or 1/8 of its size only while that still leaves this many
+#: times the target size for the resize: libjpeg's scaled decode filters differently from
+#: the processor's resize, and on detailed textures a decode that lands on the target
+#: itself is 10-13 (of 255) per pixel away from it; with twice the target left, the
+#: antialiased resize that follows sets the result (within about 1.2, measured).
+REDUCED_DECODE_MARGIN = 2
 
 
-def _scale_for(sizes, height: int, width: int) -> int:
-    scale = 8
-    for h, w in sizes:
-        while scale > 1 and (h // scale < height or w // scale < width):
-            scale //= 2
+def decode_scale(size, height: int, width: int):
+    """The JPEG decode scale (1, 2, 4 or 8, int64 tensor) for an image of ``size``
+    ``[height, width]``: the largest that leaves ``REDUCED_DECODE_MARGIN`` times the
+    target ``height x width``. Chosen per image, so a data set of mixed sizes decodes each
+    as far down as it can be without leaving the processor's result."""
+    import tensorflow as tf
+
+    size = tf.cast(size, tf.int64)
+    scale = tf.constant(1, tf.int64)
+    for s in (2, 4, 8):
+        fits = (size[0] // s >= REDUCED_DECODE_MARGIN * height) & (
+            size[1] // s >= REDUCED_DECODE_MARGIN * width
+        )
+        scale = tf.where(fits, tf.constant(s, tf.int64), scale)
     return scale
 
 
-#: Past this shrink factor after a reduced JPEG decode, the resize antialiases (as PIL
-#: does); below it, a plain resize is within about 1 % of PIL and much faster.
-ANTIALIAS_ABOVE = 1.5
+def _decode_reduced(data, height: int, width: int):
+    """A JPEG decoded at its ``decode_scale`` (``tf.io.decode_jpeg`` takes the ratio as a
+    constant, so one branch per ratio)."""
+    import tensorflow as tf
 
-
-def _jpeg_plan(paths, height: int, width: int, sample: int = 32) -> tuple[int, bool]:
-    """``(scale, antialias)`` for a data set: the reduced decode scale, and whether the
-    resize after it still shrinks enough (for the sampled sizes) to need antialiasing."""
-    if not _all_jpeg(paths):
-        return 0, True
-    sizes = _sampled_jpeg_sizes(paths, sample)
-    scale = _scale_for(sizes, height, width)
-    shrink = max((max(h // scale / height, w // scale / width) for h, w in sizes), default=1.0)
-    return scale, shrink > ANTIALIAS_ABOVE
+    scale = decode_scale(tf.io.extract_jpeg_shape(data)[:2], height, width)
+    branches = [lambda r=r: tf.io.decode_jpeg(data, 3, ratio=r) for r in (1, 2, 4, 8)]
+    index = tf.gather(tf.constant([0, 0, 1, 0, 2, 0, 0, 0, 3], tf.int32), scale)  # log2
+    return tf.switch_case(index, branches)
 
 
 def _header_size(data, jpeg_only: bool):
@@ -395,16 +378,15 @@ def _header_size(data, jpeg_only: bool):
     return tf.cond(tf.strings.substr(head, 0, 3) == _JPEG, jpeg, lambda: other)
 
 
-def _size_checks(data, path, height: int, width: int, scale: int, max_pixels: int):
-    """Assertions, naming ``path``, that the image is within ``max_pixels`` and that the
-    reduced JPEG decode (``scale``) still covers the target size."""
+def _size_checks(data, path, max_pixels: int, jpeg_only: bool):
+    """An assertion, naming ``path``, that the image is within ``max_pixels``."""
     import tensorflow as tf
 
-    size = _header_size(data, jpeg_only=scale > 0)
-    # int32 and strings only in the messages: then tf.debugging.Assert is one op, without
+    size = _header_size(data, jpeg_only=jpeg_only)
+    # int32 and strings only in the message: then tf.debugging.Assert is one op, without
     # the tf.cond (a function call per image) it builds around other dtypes
     shown = tf.cast(tf.minimum(size, 2**31 - 1), tf.int32)
-    checks = [
+    return [
         tf.debugging.Assert(
             size[0] * size[1] <= max_pixels,
             [
@@ -415,50 +397,29 @@ def _size_checks(data, path, height: int, width: int, scale: int, max_pixels: in
             ],
         )
     ]
-    if scale:
-        checks.append(
-            tf.debugging.Assert(
-                (size[0] // scale >= height) & (size[1] // scale >= width),
-                [
-                    path,
-                    "is (height, width)",
-                    shown,
-                    f": decoded at 1/{scale}, the scale chosen"
-                    f" from a sample of the files, it would be smaller than {height}x{width} and"
-                    " come out blurry. Fix: image_dataset(..., reduced_decode=False) for data"
-                    " sets of mixed image sizes.",
-                ],
-            )
-        )
-    return checks
 
 
-def decode_image(data, spec: ImageSpec, scale: int = 0, seed=None, antialias: bool | None = None):
+def decode_image(data, spec: ImageSpec, reduced: bool = False, seed=None):
     """Decode image bytes to the RGB uint8 image of ``spec.height x spec.width`` that the
     processor ``spec`` came from would make.
 
-    ``scale`` 1, 2, 4 or 8 (from ``jpeg_scale``): the bytes are a JPEG, decoded at that
-    fraction of its size (libjpeg's DCT scaling: less work, and it filters out what a
-    plain resize would alias), then resized without antialiasing unless ``antialias``
-    (``_jpeg_plan`` asks for it when the resize still shrinks by more than
-    ``ANTIALIAS_ABOVE``). ``scale=0``: any of
-    JPEG, PNG, GIF, BMP, decoded in full and resized with antialiasing, as PIL does. Then,
-    as the processor: the resize rule (to a size, or the shorter side to an edge keeping
-    the aspect ratio), its filter, the center crop, the channel order; the result rounded
-    to uint8 as PIL's is. With a stateless ``seed`` pair the decoded image is first
-    randomly cropped and flipped (``crop_and_flip``), so augmenting costs no second resize.
+    ``reduced=True``: the bytes are a JPEG, decoded at its ``decode_scale`` (libjpeg's DCT
+    scaling: far less work for a large photo). Otherwise any of JPEG, PNG, GIF, BMP,
+    decoded in full. Then, as the processor: the resize rule (to a size, or the shorter
+    side to an edge keeping the aspect ratio), its filter with antialiasing as PIL does it,
+    the center crop, the channel order; the result rounded to uint8 as PIL's is. With a
+    stateless ``seed`` pair the decoded image is first randomly cropped and flipped
+    (``crop_and_flip``), so augmenting costs no second resize.
     """
     import tensorflow as tf
 
-    if scale:
-        image = tf.io.decode_jpeg(data, 3, ratio=scale)
+    if reduced:
+        image = _decode_reduced(data, *spec.decode_size)
     else:
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
     if seed is not None:
         image = crop_and_flip(image, seed)
-    return resize_like_processor(
-        image, spec, antialias=not scale if antialias is None else antialias
-    )
+    return resize_like_processor(image, spec)
 
 
 def resize_like_processor(image, spec: ImageSpec, antialias: bool = True):
@@ -596,8 +557,12 @@ def image_dataset(
     max_pixels: int = MAX_PIXELS,
     epoch: int = 0,
     skip_steps: int = 0,
+    num_labels: int | None = None,
 ):
     """A ``tf.data.Dataset`` of ``({"pixel_values": [B, 3, H, W]}, labels[, weights])``.
+
+    Labels are checked before any file is read: missing, fractional or negative ones, and
+    with ``num_labels`` (the model's) those it has no output for, are named with their row.
 
     ``training=True``: shuffled every epoch and augmented (``augment``), batches of exactly
     ``batch_size`` (the last partial one dropped). ``training=False``: in order, not
@@ -610,10 +575,10 @@ def image_dataset(
     ``image_dataset(..., epoch=epoch, skip_steps=skip)``) sees the batches an
     uninterrupted one would. Further passes reshuffle and draw new augmentations.
 
-    JPEG files are decoded at a reduced scale when all of them are JPEGs and their size
-    allows (``jpeg_scale``; ``reduced_decode=False`` turns it off). Before decoding, each
-    image's header is read: more than ``max_pixels`` pixels, or smaller than the target
-    at the reduced scale (a data set of mixed sizes), stops the pipeline naming the file.
+    When all files are JPEGs, each is decoded at the reduced scale its own size allows
+    (``decode_scale``; ``reduced_decode=False`` turns it off). Before decoding, each
+    image's header is read: more than ``max_pixels`` pixels stops the pipeline naming the
+    file.
 
     ``cache=True`` keeps the decoded, resized images (uint8) in memory after the first
     epoch, before augmentation. ``on_error="skip"`` checks every file first and leaves out the
@@ -626,7 +591,8 @@ def image_dataset(
         raise ValueError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
-    paths, labels = [str(p) for p in paths], np.asarray(labels, np.int32)
+    paths = [str(p) for p in paths]
+    labels = check_label_values(labels, num_labels, "labels").astype(np.int32)
     if len(paths) != len(labels):
         raise ValueError(f"{len(paths)} paths but {len(labels)} labels.")
     if on_error == "raise":
@@ -663,12 +629,12 @@ def image_dataset(
             f"skip_steps={skip_steps!r}: an epoch has {steps} batches of {batch_size}, so"
             f" skip from 0 to {steps - 1}. Fix: resume with the batch size of the run."
         )
-    scale, antialias = _jpeg_plan(paths, *spec.decode_size) if reduced_decode else (0, True)
+    jpeg = reduced_decode and _all_jpeg(paths)
 
     def load(path, label, weight, seed=None):
         data = tf.io.read_file(path)
         check = tf.debugging.Assert(
-            _valid(data, jpeg_only=scale > 0),
+            _valid(data, jpeg_only=jpeg),
             [
                 "Not a complete JPEG/PNG/GIF/BMP image:",
                 path,
@@ -676,9 +642,9 @@ def image_dataset(
             ],
         )
         with tf.control_dependencies([check]):
-            sized = _size_checks(data, path, *spec.decode_size, scale, max_pixels)
+            sized = _size_checks(data, path, max_pixels, jpeg_only=jpeg)
         with tf.control_dependencies(sized):
-            image = decode_image(data, spec, scale, seed, antialias)
+            image = decode_image(data, spec, jpeg, seed)
         return image, label, weight
 
     ds = tf.data.Dataset.from_tensor_slices((paths, labels, weights))
@@ -758,9 +724,7 @@ def image_records_dataset(
     def load(record, seed=None):
         ex = tf.io.parse_single_example(record, features)
         where = tf.constant(f"an image record of {source}")
-        with tf.control_dependencies(
-            _size_checks(ex["image"], where, *spec.decode_size, 0, max_pixels)
-        ):
+        with tf.control_dependencies(_size_checks(ex["image"], where, max_pixels, jpeg_only=False)):
             image = decode_image(ex["image"], spec, seed=seed)
         return image, tf.cast(ex["label"], tf.int32)
 

@@ -313,8 +313,8 @@ def input_bound_check(model, dataset, steps: int = 30, cached_batches: int = 8) 
     saved = _snapshot(model)
     try:
         cached_iter = iter(_distributed(model, dataset.take(cached_batches).cache().repeat()))
-        for _ in range(cached_batches):  # fills the cache, compiles every shape in it
-            train(cached_iter)
+        for _ in range(-(-cached_batches // per_call)):  # fills the cache, compiles its shapes
+            train(cached_iter)  # (each call runs per_call steps)
         calls = max(1, steps // per_call)
         step_seconds = _timed(lambda: train(cached_iter), calls)
         live = iter(dist)

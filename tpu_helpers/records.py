@@ -1091,8 +1091,11 @@ def plan_reads(
     return ReadPlan(widths, batch_size, local_replicas, files, counts, steps, tuple(mixed))
 
 
-def _check_for_reading(source: RecordSource, label_column: str | None) -> None:
-    """The checks every read makes before any record is parsed."""
+def _check_for_reading(
+    source: RecordSource, label_column: str | None, num_labels: int | None = None
+) -> None:
+    """The checks every read makes before any record is parsed (labels from the
+    metadata's range: under XLA a label out of range is a NaN loss, not an error)."""
     if label_column is not None and label_column not in source.features:
         raise RecordsError(
             f"The records have no label feature {label_column!r}; they have"
@@ -1110,6 +1113,12 @@ def _check_for_reading(source: RecordSource, label_column: str | None) -> None:
             f"Feature {label_column!r} holds label {label['min']}: a split without labels"
             " (GLUE test splits use -1) trains to a NaN loss. Fix: write a labelled split,"
             " or leave out those rows before writing."
+        )
+    if label and num_labels is not None and label.get("max", 0) >= num_labels:
+        raise RecordsError(
+            f"Feature {label_column!r} holds label {label['max']}, and the model has"
+            f" {num_labels} labels (0 to {num_labels - 1}). Fix: num_labels={label['max'] + 1}"
+            " for the model (and its id2label), or check the records' label column."
         )
 
 
@@ -1257,6 +1266,7 @@ def read_records(
     skip_steps: int = 0,
     shared_filesystem: bool = False,
     transform=None,
+    num_labels: int | None = None,
 ):
     """A ``tf.data.Dataset`` of ``(features, labels, weights)`` batches of exactly
     ``batch_size`` rows from TFRecord shards (see ``open_records`` for ``source``, ``spec``,
@@ -1291,7 +1301,8 @@ def read_records(
     ``shared_filesystem=True``). ``repeat`` goes on with epoch ``epoch + 1`` and so on.
     The steps per epoch are on the dataset as ``steps`` (``None`` without record counts).
     ``transform`` (a function of the dataset, such as ``observe.CompileWatch.watch``) is
-    applied to the batches before prefetching.
+    applied to the batches before prefetching. ``num_labels``: the model's number of
+    labels; records whose labels reach it are refused before any step.
     """
     import tensorflow as tf
 
@@ -1302,7 +1313,7 @@ def read_records(
     if not isinstance(source, RecordSource):
         source = open_records(source, spec=spec, on_corrupt=on_corrupt)
     # 1. check
-    _check_for_reading(source, label_column)
+    _check_for_reading(source, label_column, num_labels)
     if boundaries is not None:
         boundaries = check_boundaries(boundaries)
     pipelines, pipeline, local = 1, 0, 1
