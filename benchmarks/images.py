@@ -11,8 +11,8 @@ reported, so a slow moment of a shared machine does not land on one side only.
 
 * tutorial: read, ``decode_jpeg``, ``resize`` to the processor size, scale, normalize,
   transpose; ``map`` without ``num_parallel_calls`` (TF 2.21 parallelizes it anyway);
-* ours: the same output from ``image_dataset`` (JPEG decoded at reduced scale when that
-  still covers the target, file checks, fused normalization), evaluation mode;
+* ours: the same output from ``image_dataset`` (each JPEG decoded at the reduced scale that
+  leaves twice the target, ``decode_scale``; file checks, fused normalization), evaluation mode;
 * ours, training: with shuffling and augmentation;
 * ours, cached: second pass with ``cache=True`` (decoded images kept in memory).
 """
