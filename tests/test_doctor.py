@@ -138,3 +138,12 @@ def test_real_environment_passes():
     # The pinned CPU stack this suite runs on must satisfy its own doctor.
     checks = d.doctor(verbose=False)
     assert [c.name for c in checks if not c.ok] == []
+
+
+@pytest.mark.parametrize("package", ["transformers", "datasets", "huggingface-hub"])
+def test_a_version_string_that_cannot_be_read_is_a_failing_check_not_a_crash(package):
+    versions = dict(GOOD_VERSIONS, **{package: "dev"})
+    checks = {c.name: c for c in (check(facts(versions=versions)) for check in d.CHECKS)}
+    name = "transformers" if package == "transformers" else "datasets"
+    assert checks[name].status == d.FAIL
+    assert "'dev' cannot be read" in checks[name].detail and "pip install" in checks[name].fix

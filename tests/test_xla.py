@@ -425,3 +425,11 @@ def test_an_unknown_compile_error_shows_the_line_that_names_the_cause():
     assert rule.startswith("XLA could not compile the step")
     assert op == "Range"
     assert fix.startswith("Input 1 to node `range` with op Range") and "Unsupported" in fix
+
+
+def test_preflight_takes_a_model_compiled_with_a_loss_by_name():
+    """compile(loss="sparse_categorical_crossentropy") trains; its preflight must pass."""
+    model = tiny_model()
+    model.compile(loss="sparse_categorical_crossentropy")
+    report = xla.preflight(model, token_batches(), Replicas(8), raise_on_failure=False)
+    assert report.ok, str(report)

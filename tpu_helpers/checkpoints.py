@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 
 import tpu_helpers._env  # noqa: F401
+from tpu_helpers.validate import check_positive
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -223,9 +224,7 @@ def fit_resumable(
     ``fit`` call (``validation_data``, ``verbose`` ...). Returns the ``History`` dict of
     every epoch of the run, those of earlier processes included (``history.json``).
     """
-    for name, value in (("steps_per_epoch", steps_per_epoch), ("epochs", epochs)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer.")
+    check_positive(steps_per_epoch=steps_per_epoch, epochs=epochs)
     run = {"steps_per_epoch": steps_per_epoch, **(run or {})}
     checkpoints = RunCheckpoints(checkpoint_dir, model, model.optimizer, run, max_to_keep, log)
     _build_optimizer(model)

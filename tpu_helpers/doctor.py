@@ -60,6 +60,11 @@ def check_tensorflow(f: DoctorFacts) -> Check:
     return Check("tensorflow", PASS, f"{build} {version}")
 
 
+def _unreadable(check: str, package: str, version: str, fix: str) -> Check:
+    """A version string with no major.minor in it (a local build, a broken install)."""
+    return Check(check, FAIL, f"{package} version {version!r} cannot be read as major.minor", fix)
+
+
 def check_tf_keras(f: DoctorFacts) -> Check:
     tf_minor = minor(f.runtime.tensorflow_version)
     have = f.runtime.distributions.get("tf-keras")
@@ -82,6 +87,8 @@ def check_transformers(f: DoctorFacts) -> Check:
     have = f.runtime.distributions.get("transformers")
     if not have:
         return Check("transformers", FAIL, "not installed", f"pip install {TRANSFORMERS_PIN}")
+    if minor(have) is None:
+        return _unreadable("transformers", "transformers", have, f"pip install {TRANSFORMERS_PIN}")
     if minor(have)[0] >= 5:
         return Check(
             "transformers",
@@ -107,6 +114,9 @@ def check_datasets(f: DoctorFacts) -> Check:
     fix = f"pip install '{DATASETS_SPEC}' '{HUB_SPEC}'"
     if not ds or not hub:
         return Check("datasets", FAIL, f"datasets {ds}, huggingface-hub {hub}", fix)
+    for name, version in (("datasets", ds), ("huggingface-hub", hub)):
+        if minor(version) is None:
+            return _unreadable("datasets", name, version, fix)
     if not ((4, 0) <= minor(ds) < (5, 1)) or minor(hub)[0] >= 1:
         return Check(
             "datasets",

@@ -23,6 +23,7 @@ import numpy as np
 
 import tpu_helpers._env  # noqa: F401
 from tpu_helpers.validate import check_labels as check_label_values
+from tpu_helpers.validate import check_positive
 
 _JPEG, _PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
 _OTHER = (b"GIF87a", b"GIF89a", b"BM")
@@ -253,7 +254,12 @@ def scan_images(paths: Sequence[str], max_pixels: int = MAX_PIXELS) -> dict[str,
         except tf.errors.NotFoundError:
             problems[path] = "missing"
             continue
+        except tf.errors.OpError as err:  # a folder (.ipynb_checkpoints), no permission
+            problems[path] = f"cannot be read ({str(err).strip().splitlines()[0][:120]})"
+            continue
         problem = image_problem(data, max_pixels)
+        if not problem and str(path).lower().endswith(JPEG_SUFFIXES) and data[:3] != _JPEG:
+            problem = "not a JPEG, although named as one (rename it with its real type)"
         if problem:
             problems[path] = problem
     return problems
@@ -265,9 +271,13 @@ def missing_files(paths: Sequence[str]) -> list[str]:
     checked (reading their files reports a missing one)."""
     import tensorflow as tf
 
+    def split(path):  # a bare name is in the working folder
+        folder, _, name = str(path).rpartition("/")
+        return folder or ".", name
+
     folders: dict[str, set] = {}
     for path in paths:
-        folders.setdefault(str(path).rsplit("/", 1)[0], set())
+        folders.setdefault(split(path)[0], set())
     unlisted = set()
     for folder, names in folders.items():
         try:
@@ -278,7 +288,7 @@ def missing_files(paths: Sequence[str]) -> list[str]:
             unlisted.add(folder)  # e.g. a public bucket that allows reading, not listing
     missing = []
     for path in paths:
-        folder, name = str(path).rsplit("/", 1)
+        folder, name = split(path)
         if folder not in unlisted and name not in folders[folder]:
             missing.append(path)
     return missing
@@ -589,8 +599,7 @@ def image_dataset(
 
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
+    check_positive(batch_size=batch_size)
     paths = [str(p) for p in paths]
     labels = check_label_values(labels, num_labels, "labels").astype(np.int32)
     if len(paths) != len(labels):
@@ -636,9 +645,12 @@ def image_dataset(
         check = tf.debugging.Assert(
             _valid(data, jpeg_only=jpeg),
             [
-                "Not a complete JPEG/PNG/GIF/BMP image:",
+                "Not a complete JPEG image:" if jpeg else "Not a complete JPEG/PNG/GIF/BMP image:",
                 path,
-                "Fix: replace the file, or on_error='skip'.",
+                "Fix: replace the file (every name ends in .jpg, so it must be a JPEG: rename"
+                " a PNG so named), or on_error='skip'."
+                if jpeg
+                else "Fix: replace the file, or on_error='skip'.",
             ],
         )
         with tf.control_dependencies([check]):

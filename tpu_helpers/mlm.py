@@ -57,8 +57,9 @@ def leading_text(dataset, text_column: str, blocks: int, block_size: int, chunk:
     of ``block_size`` tokens (``CHARACTERS_PER_TOKEN`` characters a token), read
     ``chunk`` rows at a time: a run limited to ``blocks`` blocks trains its tokenizer on,
     tokenizes and packs only those rows, not the whole corpus."""
-    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
-        raise ValueError(f"blocks={blocks!r} must be a positive integer.")
+    from tpu_helpers.validate import check_positive
+
+    check_positive(blocks=blocks)
     need, read = blocks * block_size * CHARACTERS_PER_TOKEN, 0
     for start in range(0, len(dataset), chunk):
         texts = dataset[start : start + chunk][text_column]

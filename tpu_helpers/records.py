@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import tpu_helpers._env  # noqa: F401
-from tpu_helpers.validate import check_boundaries, check_int32
+from tpu_helpers.validate import check_boundaries, check_int32, check_positive
 
 FORMAT = "tpu_helpers.records/1"
 DEFAULT_SHARD_BYTES = 100 * 1024 * 1024
@@ -347,12 +347,24 @@ def _chunks(examples, chunk_size: int, columns: Sequence[str] | None):
             yield {name: _from_arrow(table.column(name)) for name in names}
         return
     batch: dict[str, list] = {}
-    count = 0
+    count, names = 0, list(columns) if columns else None
     for row in examples:
-        names = list(columns or row)
+        if names is None:
+            names = list(row)  # every row must have the first row's columns
+        elif not columns and len(row) != len(names):
+            extra = sorted(set(row) - set(names))
+            if extra:
+                raise ValueError(
+                    f"Example {count} has columns {extra} that example 0 has not (it has"
+                    f" {sorted(names)}). Fix: give every row the same columns, or choose them"
+                    " with columns=[...]."
+                )
         for c in names:
             if c not in row:
-                raise ValueError(f"Example {count} has no column {c!r}; it has {sorted(row)}.")
+                raise ValueError(
+                    f"Example {count} has no column {c!r}; it has {sorted(row)}. Fix: give"
+                    " every row the same columns, or choose them with columns=[...]."
+                )
             batch.setdefault(c, []).append(row[c])
         count += 1
         if count % chunk_size == 0:
@@ -925,7 +937,21 @@ def _check_first_record(path: str, features: dict, compression: str | None) -> N
     """Parse one record with the spec, so a wrong spec fails here and names the feature."""
     import tensorflow as tf
 
-    first = list(tf.data.TFRecordDataset(path, compression_type=compression or "").take(1))
+    try:
+        first = list(tf.data.TFRecordDataset(path, compression_type=compression or "").take(1))
+    except tf.errors.DataLossError as err:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            gzip = f.read(2) == b"\x1f\x8b"
+        if gzip and not compression:
+            raise RecordsError(
+                f"{path} is GZIP-compressed and was read as plain records. Fix:"
+                " compression='GZIP' (write_records' metadata says so by itself)."
+            ) from None
+        raise RecordsError(
+            f"{path} cannot be read as {compression or 'uncompressed'} TFRecords"
+            f" ({str(err).strip().splitlines()[0][:160]}). Fix: check the compression"
+            " (compression='GZIP' or None), or copy the file again."
+        ) from None
     if not first:
         return
     example = tf.train.Example.FromString(first[0].numpy()).features.feature
@@ -1308,8 +1334,7 @@ def read_records(
 
     from tpu_helpers.storage import is_remote
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive integer.")
+    check_positive(batch_size=batch_size)
     if not isinstance(source, RecordSource):
         source = open_records(source, spec=spec, on_corrupt=on_corrupt)
     # 1. check

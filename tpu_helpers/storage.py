@@ -50,8 +50,9 @@ def save_pretrained(output_dir: str, *objects) -> list[str]:
 
 
 def local_copy(path: str) -> str:
-    """A local folder holding ``path``'s files: ``path`` itself when local, else a fresh
-    temporary copy (for ``from_pretrained``, which reads with ``os``)."""
+    """``path`` on the local disk: itself when local, else a fresh temporary copy (for
+    ``from_pretrained``, which reads with ``os``): of a folder and everything below it, or
+    of a single file (the local file's path is returned)."""
     if not is_remote(path):
         return path
     import tensorflow as tf
@@ -59,5 +60,9 @@ def local_copy(path: str) -> str:
     if not tf.io.gfile.exists(path):
         raise FileNotFoundError(f"{path} does not exist. Fix: check the bucket and prefix.")
     staging = tempfile.mkdtemp(prefix="tpu_helpers-")
+    if not tf.io.gfile.isdir(path):
+        local = os.path.join(staging, path.rstrip("/").rsplit("/", 1)[-1])
+        tf.io.gfile.copy(path, local, overwrite=True)
+        return local
     copy_tree(path, staging)
     return staging

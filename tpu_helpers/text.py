@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import tpu_helpers._env  # noqa: F401  (TF_USE_LEGACY_KERAS before TF loads)
-from tpu_helpers.validate import check_boundaries, check_labels, check_present
+from tpu_helpers.validate import check_boundaries, check_labels, check_positive, check_present
 
 SCHEMES = ("max_length", "multiple", "buckets")
 
@@ -120,8 +120,7 @@ def position_limit(model_config) -> int | None:
 def check_max_length(max_length: int, model_config) -> int:
     """Refuse a ``max_length`` the model's position embeddings cannot hold (see
     ``position_limit``; a tokenizer instead of a config raises ``TypeError``)."""
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-        raise ValueError(f"max_length={max_length!r} must be a positive integer.")
+    check_positive(max_length=max_length)
     limit = position_limit(model_config)
     if limit is not None and max_length > limit:
         raise ValueError(

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import tpu_helpers._env  # noqa: F401
 from tpu_helpers.checkpoints import CheckpointMismatchError, RunCheckpoints, first_line
 from tpu_helpers.metrics import logits_of
+from tpu_helpers.validate import check_positive
 
 __all__ = ["CheckpointMismatchError", "CustomLoop"]
 
@@ -197,6 +198,9 @@ class CustomLoop:
 
         import tensorflow as tf
 
+        check_positive(steps_per_epoch=steps_per_epoch, epochs=epochs)
+        if checkpoint_every is not None:
+            check_positive(checkpoint_every=checkpoint_every)
         checkpoint_every = checkpoint_every or steps_per_epoch
         start = self.restore()
         history = []

@@ -16,6 +16,23 @@ import numpy as np
 INT32 = (-(2**31), 2**31 - 1)
 
 
+def check_positive(**counts) -> None:
+    """``ValueError`` naming the first of ``counts`` (name=value) that is not a whole
+    number of at least 1 (``True`` is not a count).
+
+    >>> check_positive(batch_size=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: batch_size=0 must be a positive integer. Fix: pass a whole number of 1 or more.
+    """
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(
+                f"{name}={value!r} must be a positive integer. Fix: pass a whole number of 1"
+                " or more."
+            )
+
+
 def check_present(values, column: str, first_row: int = 0) -> None:
     """Refuse a column with missing values (``None``), naming the first one's row
     (``first_row`` is the row of ``values[0]``, for a column checked in batches).

@@ -393,8 +393,14 @@ def _loss_fn(model, copy):
     import tensorflow as tf
 
     loss = getattr(model, "loss", None)
-    if isinstance(loss, str):
-        loss = tf.keras.losses.get(loss)
+    if isinstance(loss, str):  # compile(loss="sparse_categorical_crossentropy"): a function
+        fn = tf.keras.losses.get(loss)  # of (y, logits) alone, weighted as Keras does it
+
+        def weighted(y, logits, w):
+            per_example = fn(y, logits)
+            return tf.reduce_mean(per_example if w is None else per_example * w)
+
+        return weighted
     if loss is not None and callable(loss):
         return lambda y, logits, w: loss(y, logits, sample_weight=w)
     if hasattr(copy, "hf_compute_loss"):
