@@ -98,6 +98,21 @@ def test_two_to_four_exercises_each_with_a_check_that_asserts(path):
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
+def test_tasks_and_hints_render_as_written(path):
+    """A sentence starts with a capital; code at the start stays code ("Tf.keras" and
+    "Create_optimizer" are names that do not exist)."""
+    for exercise in exercises.exercises_of(load(path), path.name[:2]):
+        for said in (exercise.task, exercise.hint):
+            shown = exercises.sentence(said)
+            assert shown[1:] == said[1:] and shown[0].lower() == said[0].lower()
+            first = re.match(r"[\w.]+", said).group(0)
+            if re.search(r"[._]", first) or said[len(first) : len(first) + 1] in ("(", "["):
+                assert shown == said, (exercise.id, shown)
+            else:
+                assert shown[0].isupper() or not shown[0].isalpha(), (exercise.id, shown)
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
 def test_every_stub_fails_loudly_with_its_id(path):
     edition = load(exercises.EXERCISES / path.name)
     stubs = [

@@ -237,14 +237,26 @@ def exercises_of(notebook: dict, number: str) -> list[Exercise]:
     return [exercise for _, exercise, _, _ in checked_exercises(notebook, number)]
 
 
+def sentence(text: str) -> str:
+    """``text`` with its first letter upper-cased when it starts with a plain word; code
+    (``tf.keras...``, ``create_optimizer(...)``, ``np.percentile``) stays as written.
+
+    >>> sentence("look at the quantiles"), sentence("tf.keras.optimizers.Adam(...)")
+    ('Look at the quantiles', 'tf.keras.optimizers.Adam(...)')
+    """
+    if re.match(r"[a-z]+(?![\w.(\[=`])", text):
+        return text[:1].upper() + text[1:]
+    return text
+
+
 def _prompt_cell(exercise: Exercise) -> dict:
     text = [
         f"### ✏️ Exercise {exercise.id} · {exercise.title}\n",
         "\n",
-        f"{exercise.task[:1].upper()}{exercise.task[1:]}\n",
+        f"{sentence(exercise.task)}\n",
     ]
     if exercise.hint:
-        hint = f"{exercise.hint[:1].upper()}{exercise.hint[1:]}"
+        hint = sentence(exercise.hint)
         text += ["\n", f"<details><summary>Hint</summary>\n\n{hint}\n</details>\n"]
     text += [
         "\n",
@@ -360,7 +372,7 @@ def exercise_table() -> str:
             )
             checks = sorted(set(re.findall(r"workshop\.(check_\w+)", check)))
             by = ", ".join(f"`workshop.{c}`" for c in checks) or "assertions"
-            task = exercise.task[:1].upper() + exercise.task[1:]
+            task = sentence(exercise.task)
             link = f"[{exercise.id} · {exercise.title}](../notebooks/exercises/{path.name})"
             out.append(f"| {link} | {task} | {by} |")
     return "\n".join(out)
