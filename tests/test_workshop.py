@@ -37,7 +37,8 @@ LENGTHS = [9] * 50 + [14] * 30 + [30] * 15 + [60] * 5
 def test_widths_accepts_good_ones_and_returns_the_share():
     share = workshop.check_widths([16, 32, 64], LENGTHS, 128)
     assert share == pytest.approx(text.padding_report(LENGTHS, [16, 32, 64]).real_token_share)
-    workshop.check_widths([64], LENGTHS, 128)  # one width: valid, just wasteful
+    workshop.check_widths([64], LENGTHS, 128, one_width=True)  # padding="max_length" asked
+    workshop.check_widths([16], [9, 14, 16] * 10, 128)  # one width is all these need
 
 
 @pytest.mark.parametrize(
@@ -50,6 +51,11 @@ def test_widths_accepts_good_ones_and_returns_the_share():
         ([16, 32], "shorter than the longest"),
         ([16, 256], "exceeds max_length"),
         ([8, 64], "no better than padding everything"),
+        ([64], "one width pads every batch to 64"),  # the padding the lesson removes
+        ([128], "one width pads every batch to 128"),
+        (list(np.percentile(LENGTHS, [50, 90, 100])), r"np.percentile.*\[16, 32, 64\]"),
+        ([16.0, 32.0, 64.0], "must be whole numbers of tokens"),
+        ([16, 64, 64], "increasing"),
     ],
 )
 def test_widths_refuses(widths, message):
@@ -63,6 +69,7 @@ def compiled(**kwargs):
         "optimizer": tf.keras.optimizers.Adam(learning_rate=3e-5),
         "loss": tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         "weighted_metrics": ["accuracy"],
+        "steps_per_execution": 32,
     }
     settings.update(kwargs)
     model.compile(**{k: v for k, v in settings.items() if v is not None})
@@ -83,6 +90,16 @@ def test_compiled():
         )
     with pytest.raises(Wrong, match="weighted_metrics"):
         workshop.check_compiled(compiled(weighted_metrics=None, metrics=["accuracy"]), 3e-5)
+    workshop.check_compiled(compiled(), 3e-5, 32)
+    with pytest.raises(Wrong, match="1 step\\(s\\) per call.*steps_per_execution=32"):
+        workshop.check_compiled(compiled(steps_per_execution=None), 3e-5, 32)
+    with pytest.raises(Wrong, match="expects one-hot label rows"):
+        loss = tf.keras.losses.CategoricalCrossentropy(from_logits=True)
+        workshop.check_compiled(compiled(loss=loss), 3e-5)
+    with pytest.raises(Wrong, match="the optimizer is SGD; the task asks for Adam"):
+        workshop.check_compiled(compiled(optimizer=tf.keras.optimizers.SGD(3e-5)), 3e-5)
+    with pytest.raises(Wrong, match="the optimizer is RMSprop"):
+        workshop.check_compiled(compiled(optimizer=tf.keras.optimizers.RMSprop(3e-5)), 3e-5)
 
 
 def test_global_batch():
@@ -195,12 +212,35 @@ def test_normalize():
         workshop.check_normalize(lambda p: right_normalize(p) * 255, SPEC, pipeline_output())
 
 
+def test_normalize_must_read_the_constants_of_the_checkpoint():
+    """Numbers copied from one processor pass with that processor only."""
+    from types import SimpleNamespace
+
+    processor = SimpleNamespace(
+        rescale_factor=1 / 255, image_mean=list(SPEC.mean), image_std=list(SPEC.std)
+    )
+
+    def reads(pixels):
+        x = np.asarray(pixels) * processor.rescale_factor
+        x = (x - np.asarray(processor.image_mean)) / np.asarray(processor.image_std)
+        return np.moveaxis(x, -1, -3)
+
+    workshop.check_normalize(reads, SPEC, pipeline_output(), processor)
+    assert processor.image_mean == list(SPEC.mean)  # put back
+    with pytest.raises(Wrong, match="written into the code. Read them from processor"):
+        workshop.check_normalize(right_normalize, SPEC, pipeline_output(), processor)
+    assert processor.rescale_factor == 1 / 255
+
+
 def test_head():
     from types import SimpleNamespace
 
-    def model(num_labels, names):
+    def model(num_labels, names, label2id=None):
+        ids = {n: i for i, n in enumerate(names)} if label2id is None else label2id
         return SimpleNamespace(
-            config=SimpleNamespace(num_labels=num_labels, id2label=dict(enumerate(names)))
+            config=SimpleNamespace(
+                num_labels=num_labels, id2label=dict(enumerate(names)), label2id=ids
+            )
         )
 
     classes = ["a", "b", "c"]
@@ -209,6 +249,8 @@ def test_head():
         workshop.check_head(model(1000, [f"LABEL_{i}" for i in range(1000)]), classes)
     with pytest.raises(Wrong, match="id2label"):
         workshop.check_head(model(3, ["LABEL_0", "LABEL_1", "LABEL_2"]), classes)
+    with pytest.raises(Wrong, match="label2id is .*'LABEL_0': 0.*pass label2id"):
+        workshop.check_head(model(3, classes, {f"LABEL_{i}": i for i in range(3)}), classes)
 
 
 def test_same_values():

@@ -115,7 +115,15 @@ def check_boundaries(boundaries: Sequence[int]) -> list[int]:
     if not widths:
         raise ValueError("boundaries is empty. Fix: text.choose_boundaries(lengths).")
     if not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in widths):
-        raise ValueError(f"boundaries={widths} must be whole numbers of tokens.")
+        try:
+            shown = [float(w) for w in widths]
+            rounded = sorted({int(np.ceil(w / 8)) * 8 for w in shown})
+        except (TypeError, ValueError):
+            raise ValueError(f"boundaries={widths} must be whole numbers of tokens.") from None
+        raise ValueError(
+            f"boundaries={shown} must be whole numbers of tokens (np.percentile and np.mean"
+            f" give floats). Fix: round them up to multiples of 8: boundaries={rounded}."
+        )
     if any(w < 1 for w in widths) or any(b <= a for a, b in zip(widths, widths[1:], strict=False)):
         good = sorted({int(w) for w in widths if w >= 1})
         raise ValueError(

@@ -88,11 +88,14 @@ def check_widths(
     max_length: int,
     max_shapes: int = 4,
     exercise: str = "01.1",
+    one_width: bool = False,
 ) -> float:
     """Batch widths for a TPU: few (each one is an XLA compilation), multiples of 8,
-    increasing, the widest holding the longest example (up to ``max_length``), and no
-    more padding than padding everything to the widest. Returns the real-token share and
-    prints it next to the share of the helper's data-chosen widths."""
+    increasing, the widest holding the longest example (up to ``max_length``), and less
+    padding than padding everything to the widest; a single width only with
+    ``one_width`` (a run asked for ``padding="max_length"``) or when several would not
+    help. Returns the real-token share and prints it next to the share of the helper's
+    data-chosen widths."""
     from tpu_helpers import text
     from tpu_helpers.validate import check_boundaries
 
@@ -123,6 +126,15 @@ def check_widths(
         _fail(exercise, f"the widest width {widths[-1]} exceeds max_length={max_length}.")
     share = text.padding_report(lengths, widths).real_token_share
     single = text.padding_report(lengths, [widths[-1]]).real_token_share
+    several = text.choose_boundaries(lengths, max_shapes=max_shapes, max_length=max_length)
+    several_share = text.padding_report(lengths, several).real_token_share
+    if len(widths) == 1 and not one_width and several_share > single + 0.05:
+        _fail(
+            exercise,
+            f"one width pads every batch to {widths[0]}: {single:.1%} real tokens, while"
+            f" {len(several)} widths can keep {several_share:.1%}. That padding is what this"
+            f" exercise removes: choose 2 to {max_shapes} widths.",
+        )
     if len(widths) > 1 and share <= single:
         _fail(
             exercise,
@@ -140,14 +152,23 @@ def check_widths(
     return share
 
 
-def check_compiled(model, learning_rate: float, exercise: str = "01.2") -> None:
-    """Compiled with the chosen learning rate (not Keras' default), a loss that takes
-    logits, and metrics that count the weight-0 filler rows as nothing."""
+def check_compiled(
+    model, learning_rate: float, steps_per_execution: int | None = None, exercise: str = "01.2"
+) -> None:
+    """Compiled with Adam at the chosen learning rate (not Keras' default), a loss of class
+    ids that takes logits, metrics that count the weight-0 filler rows as nothing and,
+    when given, ``steps_per_execution`` steps per call."""
     import tensorflow as tf
 
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or getattr(model, "compiled_loss", None) is None:
         _fail(exercise, "the model is not compiled: call model.compile(...).")
+    if "adam" not in type(optimizer).__name__.lower():
+        _fail(
+            exercise,
+            f"the optimizer is {type(optimizer).__name__}; the task asks for Adam, what"
+            " BERT-style models are fine-tuned with: tf.keras.optimizers.Adam(learning_rate=...).",
+        )
     rate = optimizer.learning_rate
     rate = float(rate(0)) if callable(rate) else float(tf.keras.backend.get_value(rate))
     if not math.isclose(rate, learning_rate, rel_tol=1e-6):
@@ -164,6 +185,13 @@ def check_compiled(model, learning_rate: float, exercise: str = "01.2") -> None:
             f"loss={loss!r}: the model returns logits, so pass"
             " tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True).",
         )
+    kind = type(loss).__name__
+    if "Sparse" not in kind:
+        _fail(
+            exercise,
+            f"{kind} expects one-hot label rows, and these labels are class ids (0, 1, ...):"
+            " use tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True).",
+        )
     if not getattr(loss, "get_config", lambda: {})().get("from_logits", False):
         _fail(
             exercise,
@@ -177,7 +205,17 @@ def check_compiled(model, learning_rate: float, exercise: str = "01.2") -> None:
             "no weighted_metrics: the last batch is completed with copies weighted 0, and"
             " plain metrics count them. Pass weighted_metrics=['accuracy'].",
         )
-    _ok(exercise, f"Adam at {rate:g}, loss from logits, weighted metrics")
+    per_call = getattr(model, "_steps_per_execution", None)
+    per_call = int(per_call.numpy()) if per_call is not None else 1
+    if steps_per_execution is not None and per_call != steps_per_execution:
+        _fail(
+            exercise,
+            f"the model runs {per_call} step(s) per call to the TPU, not"
+            f" steps_per_execution={steps_per_execution}: pass"
+            " steps_per_execution=steps_per_execution to compile (fewer round trips from the"
+            " host).",
+        )
+    _ok(exercise, f"Adam at {rate:g}, loss from logits, weighted metrics, {per_call} steps a call")
 
 
 # --- 02 ---------------------------------------------------------------------------------
@@ -295,17 +333,61 @@ def check_parse_spec(spec: dict, source, rows, exercise: str = "03.1", records: 
 
 
 # --- 04 ---------------------------------------------------------------------------------
-def check_normalize(normalize: Callable, spec, pixel_values, exercise: str = "04.1") -> None:
+def check_normalize(
+    normalize: Callable, spec, pixel_values, processor=None, exercise: str = "04.1"
+) -> None:
     """``normalize`` takes 0-255 pixels ``[B, H, W, 3]`` and gives what the model takes,
-    ``[B, 3, H, W]``, as the pipeline (``spec``) made ``pixel_values``."""
+    ``[B, 3, H, W]``, as the pipeline (``spec``) made ``pixel_values``. With the
+    ``processor`` that ``normalize`` reads, it is also run with other constants put in
+    the processor for a moment: numbers written into the code (ViT's 0.5) fail then."""
     from tpu_helpers.images import pixels_of
 
     expected = np.asarray(pixel_values, np.float64)
     pixels = pixels_of(expected, spec)
+    got = _normalized(normalize, pixels, exercise)
+    _compare_normalized(got, expected, pixels, spec, exercise)
+    if processor is not None:
+        _check_reads_processor(normalize, pixels, processor, exercise)
+    error = float(np.abs(got - expected).max())
+    _ok(exercise, f"normalize reproduces the processor's numbers (max difference {error:.1e})")
+
+
+def _normalized(normalize: Callable, pixels, exercise: str):
     try:
-        got = np.asarray(normalize(pixels), np.float64)
+        return np.asarray(normalize(pixels), np.float64)
     except Exception as err:  # noqa: BLE001  (the learner's code: say where it failed)
         _fail(exercise, f"normalize(pixels) raised {err!r}.")
+
+
+def _check_reads_processor(normalize: Callable, pixels, processor, exercise: str) -> None:
+    """Run ``normalize`` with other constants in ``processor``, then put them back."""
+    names = ("rescale_factor", "image_mean", "image_std", "do_rescale", "do_normalize")
+    saved = {n: getattr(processor, n) for n in names if hasattr(processor, n)}
+    other = {
+        "rescale_factor": 1 / 127.5,
+        "image_mean": [0.1, 0.2, 0.3],
+        "image_std": [0.3, 0.4, 0.5],
+    }
+    try:
+        for name, value in {**other, "do_rescale": True, "do_normalize": True}.items():
+            setattr(processor, name, value)
+        got = _normalized(normalize, pixels, exercise)
+    finally:
+        for name, value in saved.items():
+            setattr(processor, name, value)
+    x = np.asarray(pixels, np.float64) * other["rescale_factor"]
+    want = np.moveaxis((x - other["image_mean"]) / np.asarray(other["image_std"]), -1, -3)
+    if got.shape != want.shape or float(np.abs(got - want).max()) > 1e-3:
+        _fail(
+            exercise,
+            "with other constants in the processor (mean, std, rescale factor of another"
+            " checkpoint) normalize gave the same kind of numbers as before: the constants are"
+            " written into the code. Read them from processor.rescale_factor,"
+            " processor.image_mean and processor.image_std, so the code fits any checkpoint.",
+        )
+
+
+def _compare_normalized(got, expected, pixels, spec, exercise: str) -> None:
     if got.shape != expected.shape:
         hint = " Channels go first: np.moveaxis(x, -1, -3)." if got.shape == pixels.shape else ""
         _fail(
@@ -325,7 +407,6 @@ def check_normalize(normalize: Callable, spec, pixel_values, exercise: str = "04
             )
             + " (processor.rescale_factor, processor.image_mean, processor.image_std).",
         )
-    _ok(exercise, f"normalize reproduces the processor's numbers (max difference {error:.1e})")
 
 
 def check_head(model, class_names: Sequence[str], exercise: str = "04.2") -> None:
@@ -344,6 +425,15 @@ def check_head(model, class_names: Sequence[str], exercise: str = "04.2") -> Non
             f"id2label gives {names}, the data's classes are {list(class_names)}: pass"
             " id2label=dict(enumerate(class_names)) (and label2id) so predictions read as"
             " class names.",
+        )
+    wanted = {name: i for i, name in enumerate(class_names)}
+    if dict(getattr(config, "label2id", {}) or {}) != wanted:
+        shown = dict(list((config.label2id or {}).items())[:3])
+        _fail(
+            exercise,
+            f"label2id is {shown}{' ...' if len(config.label2id or {}) > 3 else ''}, not"
+            f" {wanted}: pass label2id={{name: i for i, name in enumerate(class_names)}} too"
+            " (pipelines and the saved config map names back to ids with it).",
         )
     _ok(exercise, f"{len(class_names)} outputs named {names}")
 
