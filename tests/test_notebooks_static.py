@@ -71,3 +71,20 @@ def test_readme_table_is_generated_from_the_notebooks():
     assert current == readme.render(current), "run: python tools/readme.py"
     for path in NOTEBOOKS:
         assert f"notebooks/{path.name}" in current
+
+
+def test_every_page_names_the_runtimes_tpus_as_runtime_py_does():
+    """Kaggle's TPU is a v5e-8 (it was a v3-8): the notebooks, the README and the teaching
+    page say so, from one source, tpu_helpers.runtime.TPU_OFFERS."""
+    import re
+
+    from tpu_helpers.runtime import TPU_OFFERS
+
+    kaggle = re.search(r"v\d+[a-z]*-\d+", TPU_OFFERS["Kaggle"]).group(0)
+    pages = [ROOT / "README.md", ROOT / "docs" / "teaching.md"]
+    pages += sorted((ROOT / "notebooks").glob("*.ipynb"))
+    for page in pages:
+        text = page.read_text()
+        for mention in re.findall(r"Kaggle[^.|\n]{0,60}?\bv\d+[a-z]*-\d+", text):
+            assert mention.endswith(kaggle), (page.name, mention)
+        assert "TPU VM v3-8" not in text, page.name
