@@ -32,17 +32,12 @@ import time
 from collections.abc import Callable
 
 import tpu_helpers._env  # noqa: F401
+from tpu_helpers.checks import first_line
 from tpu_helpers.validate import check_positive
 
 
 class CheckpointMismatchError(RuntimeError):
     """A checkpoint cannot be read, or does not belong to this model, optimizer or run."""
-
-
-def first_line(error: BaseException) -> str:
-    """The first lines of an error's message (TensorFlow's are long), or its type."""
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return " ".join(lines[:3]) if lines else type(error).__name__
 
 
 class RunCheckpoints:

@@ -27,3 +27,13 @@ class Check:
         return text + (f"\n      fix: {self.fix}" if self.fix and self.status != PASS else "")
 
     __str__ = line
+
+
+def first_line(error: BaseException | str, limit: int = 300) -> str:
+    """The first lines of an error's message, joined (TensorFlow's run to pages), cut to
+    ``limit`` characters; the error's type when it has no message. The one helper every
+    error message of the package quotes errors through."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    return " ".join(lines[:3])[:limit]

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tpu_helpers.checks import FAIL, PASS, Check
+from tpu_helpers.checks import FAIL, PASS, Check, first_line
 from tpu_helpers.runtime import (
     DATASETS_SPEC,
     HUB_SPEC,
@@ -241,7 +241,7 @@ def gather_facts() -> DoctorFacts:
         if tf_error is None:
             from transformers import TFAutoModel  # noqa: F401
     except Exception as err:  # noqa: BLE001 - reported, not raised
-        tf_error = tf_error or f"{type(err).__name__}: {str(err).splitlines()[0]}"
+        tf_error = tf_error or f"{type(err).__name__}: {first_line(err)}"
     datasets_sees_tf = None
     if runtime.distributions.get("datasets"):
         try:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import tpu_helpers._env  # noqa: F401
+from tpu_helpers.checks import first_line
 from tpu_helpers.validate import check_labels as check_label_values
 from tpu_helpers.validate import check_positive
 
@@ -255,7 +256,7 @@ def scan_images(paths: Sequence[str], max_pixels: int = MAX_PIXELS) -> dict[str,
             problems[path] = "missing"
             continue
         except tf.errors.OpError as err:  # a folder (.ipynb_checkpoints), no permission
-            problems[path] = f"cannot be read ({str(err).strip().splitlines()[0][:120]})"
+            problems[path] = f"cannot be read ({first_line(err, 120)})"
             continue
         problem = image_problem(data, max_pixels)
         if not problem and str(path).lower().endswith(JPEG_SUFFIXES) and data[:3] != _JPEG:

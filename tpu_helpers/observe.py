@@ -28,7 +28,7 @@ import tpu_helpers._env  # noqa: F401
 
 
 # --- TensorBoard logs ----------------------------------------------------------------
-def _learning_rate(optimizer) -> float | None:
+def current_learning_rate(optimizer) -> float | None:
     """The optimizer's current learning rate (a schedule evaluated at its step)."""
     import tensorflow as tf
 
@@ -153,7 +153,7 @@ class TrainingLog:
             def on_epoch_end(self, epoch, logs=None):
                 seconds = time.perf_counter() - self._start
                 share = (self._step() - self._first) / steps_per_epoch if steps_per_epoch else 1
-                rate = _learning_rate(getattr(self.model, "optimizer", None))
+                rate = current_learning_rate(getattr(self.model, "optimizer", None))
                 log.write(epoch, logs or {}, seconds, rate, share)
 
         return _Callback()

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import tpu_helpers._env  # noqa: F401
+from tpu_helpers.checks import first_line
 from tpu_helpers.validate import check_boundaries, check_int32, check_positive
 
 FORMAT = "tpu_helpers.records/1"
@@ -949,7 +950,7 @@ def _check_first_record(path: str, features: dict, compression: str | None) -> N
             ) from None
         raise RecordsError(
             f"{path} cannot be read as {compression or 'uncompressed'} TFRecords"
-            f" ({str(err).strip().splitlines()[0][:160]}). Fix: check the compression"
+            f" ({first_line(err, 160)}). Fix: check the compression"
             " (compression='GZIP' or None), or copy the file again."
         ) from None
     if not first:

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from tpu_helpers._env import distribution_version
+from tpu_helpers.checks import first_line
 from tpu_helpers.runtime import RuntimeFacts, detect_runtime
 
 # The TPU system may be initialised once per process; TensorFlow forces this global on us.
@@ -119,7 +120,7 @@ def _connect_tpu(names: list[str], timeout: float = 600.0):
             )
             continue
         except Exception as err:  # noqa: BLE001 - every failure is reported below
-            errors.append(f"  {name!r}: {type(err).__name__}: {str(err).splitlines()[0]}")
+            errors.append(f"  {name!r}: {type(err).__name__}: {first_line(err)}")
             continue
         strategy = tf.distribute.TPUStrategy(resolver)
         _TPU_STRATEGIES[name] = strategy

@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import tpu_helpers._env  # noqa: F401
-from tpu_helpers.checkpoints import CheckpointMismatchError, RunCheckpoints, first_line
+from tpu_helpers.checkpoints import CheckpointMismatchError, RunCheckpoints
+from tpu_helpers.checks import first_line
 from tpu_helpers.metrics import logits_of
 from tpu_helpers.validate import check_positive
 
@@ -241,10 +242,10 @@ class CustomLoop:
             if valid_dataset is not None and valid_steps:
                 row.update(self.evaluate(valid_dataset, valid_steps))
             if training_log is not None:
-                from tpu_helpers.observe import _learning_rate
+                from tpu_helpers.observe import current_learning_rate
 
                 share = (steps_per_epoch - steps_before) / steps_per_epoch  # resumed: < 1
-                training_log.write(epoch, row, seconds, _learning_rate(self.optimizer), share)
+                training_log.write(epoch, row, seconds, current_learning_rate(self.optimizer), share)
             log(
                 " ".join(
                     f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
