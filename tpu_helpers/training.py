@@ -245,7 +245,9 @@ class CustomLoop:
                 from tpu_helpers.observe import current_learning_rate
 
                 share = (steps_per_epoch - steps_before) / steps_per_epoch  # resumed: < 1
-                training_log.write(epoch, row, seconds, current_learning_rate(self.optimizer), share)
+                training_log.write(
+                    epoch, row, seconds, current_learning_rate(self.optimizer), share
+                )
             log(
                 " ".join(
                     f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
