@@ -45,11 +45,14 @@ def uninterrupted(tmp_path_factory):
     return weights(tmp_path, "whole"), learning_rates(tmp_path, "whole"), out
 
 
-def kill_chain(tmp_path, whole, whole_rates, *flags):
+KILLS = ((6, None), (8, 4), (13, 8))  # (kill at step, checkpoint the process resumed from)
+
+
+def kill_chain(tmp_path, whole, whole_rates, *flags, kills=KILLS):
     """Killed with SIGKILL at step 6 (mid-epoch, two steps after the save at 4), then,
     resumed, at 8 (just after the save at 8), then at 13 (an epoch's end, 13 steps an
-    epoch, after its save); the fourth process finishes the run. Returns its output."""
-    for kill_at, resumed_from in ((6, None), (8, 4), (13, 8)):
+    epoch, after its save); the last process finishes the run. Returns its output."""
+    for kill_at, resumed_from in kills:
         code, out = train(tmp_path, "run", "--kill-at", str(kill_at), *flags)
         assert code == -9, out  # SIGKILL: nothing after the kill ran
         if resumed_from is not None:
@@ -78,9 +81,12 @@ def test_a_run_killed_again_and_again_resumes_to_the_weights_of_one_that_never_s
     ids=["notebook-06-masked-blocks", "custom-loop"],
 )
 def test_masked_pretraining_and_the_custom_loop_resume_the_same_way(tmp_path, flags):
+    """Killed mid-epoch (step 6, after the save at 4), then at an epoch's end (13, just
+    after its save): the two kinds of stop the full chain above also covers."""
     code, out = train(tmp_path, "whole", *flags)
     assert code == 0 and "STEPS 13 FINAL 39" in out, out
-    kill_chain(tmp_path, weights(tmp_path, "whole"), learning_rates(tmp_path, "whole"), *flags)
+    whole, rates = weights(tmp_path, "whole"), learning_rates(tmp_path, "whole")
+    kill_chain(tmp_path, whole, rates, *flags, kills=((6, None), (13, 4)))
 
 
 def test_the_records_path_resumes_mid_epoch_to_the_same_weights(tmp_path):

@@ -45,7 +45,7 @@ leg() {
   fi
   python tools/run_notebooks.py --prepare-only --out "build/nbval-$stack" "${variants[@]}"
   python -m pytest tests "build/nbval-$stack" --nbval-lax --nbval-current-env \
-    --nbval-cell-timeout=900 -p no:cacheprovider --basetemp "build/pytest-$stack" \
+    --nbval-cell-timeout=900 -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=25 \
     "${extra[@]}" "$@"
 }
 
