@@ -88,3 +88,6 @@ def test_every_page_names_the_runtimes_tpus_as_runtime_py_does():
         for mention in re.findall(r"Kaggle[^.|\n]{0,60}?\bv\d+[a-z]*-\d+", text):
             assert mention.endswith(kaggle), (page.name, mention)
         assert "TPU VM v3-8" not in text, page.name
+    for page in (ROOT / "notebooks" / "00_setup_and_connect.ipynb", ROOT / "docs" / "teaching.md"):
+        text = page.read_text()
+        assert all(offer in text for offer in TPU_OFFERS.values()), page.name

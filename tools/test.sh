@@ -49,28 +49,46 @@ leg() {
     "${extra[@]}" "$@"
 }
 
+# side_by_side STEP NAME [ARGS]: STEP "$stack" [ARGS] for every stack at once, each
+# into build/NAME-<stack>.log; the logs are printed when all have ended; fails if one did.
+side_by_side() {
+  local step="$1" name="$2" failed=0
+  shift 2
+  local -A pids
+  for stack in "${stacks[@]}"; do
+    ("$step" "$stack" "$@") > "build/$name-$stack.log" 2>&1 &
+    pids[$stack]=$!
+  done
+  for stack in "${stacks[@]}"; do
+    wait "${pids[$stack]}" || failed=1
+  done
+  for stack in "${stacks[@]}"; do
+    echo "=== $name, $stack stack (build/$name-$stack.log)"
+    cat "build/$name-$stack.log"
+  done
+  return "$failed"
+}
+
+# An environment, and the offline fixtures with the first one as soon as it is there.
+prepare() {
+  STACK="$1" && source tools/env.sh
+  if [ "$1" = "${stacks[0]}" ]; then
+    python -m tpu_helpers fixtures build/fixtures
+  fi
+}
+
+# A leg, with its time and exit status at the end of its log.
+timed_leg() {
+  local leg_start=$SECONDS status=0
+  (leg "$@") || status=$?
+  echo "=== $1 stack: $((SECONDS - leg_start)) s, exit $status"
+  return "$status"
+}
+
 # The environments first, both at once (pip mostly unpacks wheels, each into its own
-# folder: they took 160 s and 231 s one after the other on 2 cores), the offline fixtures
-# made as soon as the first one is there.
+# folder: they took 160 s and 231 s one after the other on 2 cores).
 mkdir -p build
-env_pids=()
-for stack in "${stacks[@]}"; do
-  (
-    STACK="$stack" && source tools/env.sh
-    if [ "$stack" = "${stacks[0]}" ]; then
-      python -m tpu_helpers fixtures build/fixtures
-    fi
-  ) > "build/env-$stack.log" 2>&1 &
-  env_pids+=($!)
-done
-env_failed=0
-for pid in "${env_pids[@]}"; do
-  wait "$pid" || env_failed=1
-done
-for stack in "${stacks[@]}"; do
-  cat "build/env-$stack.log"
-done
-[ "$env_failed" -eq 0 ] || { echo "an environment or the fixtures could not be made" >&2; exit 1; }
+side_by_side prepare env || { echo "an environment or the fixtures could not be made" >&2; exit 1; }
 
 if [ "${#stacks[@]}" -eq 1 ]; then
   echo "=== tests on the ${stacks[0]} stack"
@@ -81,24 +99,7 @@ if [ "${#stacks[@]}" -eq 1 ]; then
 fi
 
 start=$SECONDS
-declare -A pids
-for stack in "${stacks[@]}"; do
-  (
-    leg_start=$SECONDS
-    status=0
-    (leg "$stack" "$@") > "build/test-$stack.log" 2>&1 || status=$?
-    echo "=== $stack stack: $((SECONDS - leg_start)) s, exit $status" >> "build/test-$stack.log"
-    exit "$status"
-  ) &
-  pids[$stack]=$!
-done
 failed=0
-for stack in "${stacks[@]}"; do
-  wait "${pids[$stack]}" || failed=1
-done
-for stack in "${stacks[@]}"; do
-  echo "=== tests on the $stack stack (build/test-$stack.log)"
-  cat "build/test-$stack.log"
-done
+side_by_side timed_leg test "$@" || failed=1
 echo "=== both stacks: $((SECONDS - start)) s side by side"
 exit "$failed"

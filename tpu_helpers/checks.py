@@ -31,8 +31,8 @@ class Check:
 
 def first_line(error: BaseException | str, limit: int = 300) -> str:
     """The first lines of an error's message, joined (TensorFlow's run to pages), cut to
-    ``limit`` characters; the error's type when it has no message. The one helper every
-    error message of the package quotes errors through."""
+    ``limit`` characters; the error's type when it has no message. What the package's
+    messages quote of an error (``xla.helpful_line`` picks a compiler error's cause)."""
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     if not lines:
         return type(error).__name__

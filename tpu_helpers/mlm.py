@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 import tpu_helpers._env  # noqa: F401
+from tpu_helpers.validate import check_positive
 
 #: Special tokens per family, in the order their ids are given.
 _SPECIALS = {
@@ -57,8 +58,6 @@ def leading_text(dataset, text_column: str, blocks: int, block_size: int, chunk:
     of ``block_size`` tokens (``CHARACTERS_PER_TOKEN`` characters a token), read
     ``chunk`` rows at a time: a run limited to ``blocks`` blocks trains its tokenizer on,
     tokenizes and packs only those rows, not the whole corpus."""
-    from tpu_helpers.validate import check_positive
-
     check_positive(blocks=blocks)
     need, read = blocks * block_size * CHARACTERS_PER_TOKEN, 0
     for start in range(0, len(dataset), chunk):

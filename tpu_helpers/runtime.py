@@ -55,9 +55,9 @@ PROFILE_PLUGIN_PIN = "tensorboard-plugin-profile==2.24.2"
 #: libtpu releases that load with ``tensorflow-tpu`` 2.20 (first and last, inclusive).
 LIBTPU_KNOWN_GOOD = ((0, 0, 14), (0, 0, 31))
 
-#: The TPUs each hosted runtime offers, as its menu names them (checked 2025-09; the
-#: notebooks, the README and docs/teaching.md name them from here, and a test holds them
-#: to it). Colab's free tier is one v5e chip: one replica.
+#: The TPUs each hosted runtime offers, as its menu names them (checked 2025-09). Notebook
+#: 00 and docs/teaching.md quote these words, and every page that names Kaggle's chip must
+#: name this one (tests/test_notebooks_static.py). Colab's free tier is one v5e chip.
 TPU_OFFERS = {
     "Colab": "v5e-1 (free tier, 1 replica), v6e-1, v2-8 where still offered",
     "Kaggle": "TPU v5e-8 (8 replicas)",

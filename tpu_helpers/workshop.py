@@ -361,20 +361,24 @@ def _normalized(normalize: Callable, pixels, exercise: str):
 
 def _check_reads_processor(normalize: Callable, pixels, processor, exercise: str) -> None:
     """Run ``normalize`` with other constants in ``processor``, then put them back."""
-    names = ("rescale_factor", "image_mean", "image_std", "do_rescale", "do_normalize")
-    saved = {n: getattr(processor, n) for n in names if hasattr(processor, n)}
     other = {
         "rescale_factor": 1 / 127.5,
         "image_mean": [0.1, 0.2, 0.3],
         "image_std": [0.3, 0.4, 0.5],
     }
+    swapped = {**other, "do_rescale": True, "do_normalize": True}
+    missing = object()
+    saved = {name: getattr(processor, name, missing) for name in swapped}
     try:
-        for name, value in {**other, "do_rescale": True, "do_normalize": True}.items():
+        for name, value in swapped.items():
             setattr(processor, name, value)
         got = _normalized(normalize, pixels, exercise)
-    finally:
+    finally:  # as it was: the values it had, and no attribute it did not have
         for name, value in saved.items():
-            setattr(processor, name, value)
+            if value is missing:
+                delattr(processor, name)
+            else:
+                setattr(processor, name, value)
     x = np.asarray(pixels, np.float64) * other["rescale_factor"]
     want = np.moveaxis((x - other["image_mean"]) / np.asarray(other["image_std"]), -1, -3)
     if got.shape != want.shape or float(np.abs(got - want).max()) > 1e-3:
