@@ -9,7 +9,21 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tpu_helpers import checkpoints, images, mlm, records, text, validate
+from tpu_helpers import (
+    checkpoints,
+    images,
+    metrics,
+    mlm,
+    observe,
+    packing,
+    records,
+    report,
+    storage,
+    strategy,
+    text,
+    validate,
+    xla,
+)
 from tpu_helpers.records import RecordsError
 
 SPEC = images.ImageSpec(32, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
@@ -158,6 +172,228 @@ CASES = [
         lambda tmp: validate.check_labels([0, 1, 2], num_labels=2),
         ValueError,
         r"label 2 at row 2, outside \[0, 2\). Fix: num_labels=3",
+    ),
+    (
+        "packing: a width of 0",
+        lambda tmp: packing.pack_rows([3, 4], 0),
+        ValueError,
+        r"width=0 must be a positive integer",
+    ),
+    (
+        "packing: fractional lengths",
+        lambda tmp: packing.pack_rows([3.5, 2], 64),
+        ValueError,
+        r"lengths holds float64 values.*Fix: lengths=\[len\(ids\)",
+    ),
+    (
+        "packing: an empty example",
+        lambda tmp: packing.pack_rows([3, 0], 64),
+        ValueError,
+        r"lengths has 0 at row 1.*Fix: drop empty examples",
+    ),
+    (
+        "packing: no examples for the row width",
+        lambda tmp: packing.row_width([], 64),
+        ValueError,
+        r"no examples to pack.*Fix",
+    ),
+    (
+        "packing: a per-replica batch of 0",
+        lambda tmp: packing.rows_per_replica([3, 4], 0, 64),
+        ValueError,
+        r"per_replica_batch=0 must be a positive integer",
+    ),
+    (
+        "packing: fewer labels than examples",
+        lambda tmp: packing.packed_dataset([[1, 2], [3]], [0], 16, 2),
+        ValueError,
+        r"input_ids has 2 rows but labels has 1. Fix",
+    ),
+    (
+        "packing: a test split's -1 label",
+        lambda tmp: packing.packed_dataset([[1, 2], [3]], [0, -1], 16, 2),
+        ValueError,
+        r"label -1 at row 1.*labelled split",
+    ),
+    (
+        "packing: a label of 2 for a 2-label model",
+        lambda tmp: packing.packed_dataset([[1, 2], [3]], [0, 2], 16, 2, num_labels=2),
+        ValueError,
+        r"label 2 at row 1, outside \[0, 2\). Fix: num_labels=3",
+    ),
+    (
+        "packing: a batch of 0 rows",
+        lambda tmp: packing.packed_dataset([[1, 2], [3]], [0, 1], 16, 0),
+        ValueError,
+        r"batch_size=0 must be a positive integer",
+    ),
+    (
+        "packing: token types of another tokenization",
+        lambda tmp: packing.packed_dataset([[1, 2], [3]], [0, 1], 16, 2, token_type_ids=[[0], [0]]),
+        ValueError,
+        r"Example \d has \d input_ids but \d token_type_ids. Fix",
+    ),
+    (
+        "packing: rows packed for a wider width",
+        lambda tmp: packing.packed_arrays([[1, 2], [3]], [0, 1], [[0, 1]], 2, 2),
+        ValueError,
+        r"Row 0 holds 3 tokens, more than width=2. Fix",
+    ),
+    (
+        "metrics: predictions of another split",
+        lambda tmp: metrics.matthews_correlation([0, 1, 1], [0, 1]),
+        ValueError,
+        r"labels has 3 rows but predictions has 2",
+    ),
+    (
+        "metrics: weights of another split",
+        lambda tmp: metrics.accuracy([0, 1], [0, 1], weights=[1]),
+        ValueError,
+        r"labels has 2 rows but weights has 1",
+    ),
+    (
+        "metrics: a -1 label scored",
+        lambda tmp: metrics.matthews_correlation([0, -1], [0, 1]),
+        ValueError,
+        r"label -1 at row 1",
+    ),
+    (
+        "metrics: only filler rows",
+        lambda tmp: metrics.accuracy([0, 1], [0, 1], weights=[0, 0]),
+        ValueError,
+        r"nothing to score: 2 rows with a total weight of 0.0. Fix",
+    ),
+    (
+        "metrics: no labels for the majority",
+        lambda tmp: metrics.majority_rate([]),
+        ValueError,
+        r"labels is empty.*Fix",
+    ),
+    (
+        "metrics: a list counted as a dataset",
+        lambda tmp: metrics.count_examples([1, 2]),
+        TypeError,
+        r"takes a tf.data.Dataset, not a list. Fix",
+    ),
+    (
+        "observe: no log folder",
+        lambda tmp: observe.TrainingLog(None),
+        TypeError,
+        r"log_dir=None must be a folder path.*Fix",
+    ),
+    (
+        "observe: scalars of a run never written",
+        lambda tmp: observe.read_scalars(str(tmp / "logs" / "nope")),
+        FileNotFoundError,
+        r"no run folder .*nope. Fix",
+    ),
+    (
+        "observe: an input check of 0 steps",
+        lambda tmp: observe.input_bound_check(_compiled(), tf.data.Dataset.range(3), steps=0),
+        ValueError,
+        r"steps=0 must be a positive integer",
+    ),
+    (
+        "observe: a profile of 0 steps",
+        lambda tmp: observe.capture_profile(str(tmp / "p"), lambda: None, steps=0),
+        ValueError,
+        r"steps=0 must be a positive integer",
+    ),
+    (
+        "report: a list as a metric",
+        lambda tmp: report.publish_metrics(accuracy=[0.5, 0.7]),
+        TypeError,
+        r"Metric accuracy=\[0.5, 0.7\] is a list.*Fix: publish one figure",
+    ),
+    (
+        "report: one notebook path, not a list",
+        lambda tmp: report.build_report("run/01.ipynb", str(tmp / "report")),
+        TypeError,
+        r"one path; build_report takes a list.*Fix: build_report\(\['run/01.ipynb'\]",
+    ),
+    (
+        "text: 0 replicas",
+        lambda tmp: text.global_batch_size(8, 0),
+        ValueError,
+        r"replicas=0 must be a positive integer",
+    ),
+    (
+        "text: a padding report of nothing",
+        lambda tmp: text.padding_report([], [32]),
+        ValueError,
+        r"needs at least one length. Fix",
+    ),
+    (
+        "text: a global batch of 0",
+        lambda tmp: text.batch_plan([3, 4], [8], 0),
+        ValueError,
+        r"global_batch=0 must be a positive integer",
+    ),
+    (
+        "xla: shapes of 0 batches",
+        lambda tmp: xla.shape_report(tf.data.Dataset.range(3).batch(1), n=0),
+        ValueError,
+        r"n=0 must be a positive integer",
+    ),
+    (
+        "xla: shapes of a number",
+        lambda tmp: xla.shape_report(5),
+        TypeError,
+        r"not a int. Fix: pass the dataset",
+    ),
+    (
+        "strategy: a TPU named by a number",
+        lambda tmp: strategy.connect(tpu=5),
+        TypeError,
+        r"tpu=5 \(int\) must name a TPU. Fix",
+    ),
+    (
+        "strategy: a fractional replica count",
+        lambda tmp: strategy.connect(simulated_replicas=2.5, verbose=False),
+        ValueError,
+        r"simulated_replicas=2.5 is not a replica count. Fix",
+    ),
+    (
+        "mlm: a masking share of 15",
+        lambda tmp: mlm.mask_tokens([[5, 6, 7]], [0, 1], 1, 10, [0], probability=15),
+        ValueError,
+        r"probability=15 must be between 0 and 1.*Fix: 0.15",
+    ),
+    (
+        "mlm: a tokenizer without a mask token",
+        lambda tmp: mlm.mask_tokens([[5, 6, 7]], [0, 1], None, 10, [0]),
+        ValueError,
+        r"mask_token_id is None.*Fix",
+    ),
+    (
+        "mlm: perplexity of a metric not logged",
+        lambda tmp: mlm.perplexity({"loss": [1.0]}),
+        KeyError,
+        r"'mlm_loss' is not among the logged metrics \['loss'\].*Fix",
+    ),
+    (
+        "storage: a folder that is not there",
+        lambda tmp: storage.copy_tree(str(tmp / "nope"), str(tmp / "copy")),
+        FileNotFoundError,
+        r"no folder .*nope to copy. Fix",
+    ),
+    (
+        "storage: nothing to save",
+        lambda tmp: storage.save_pretrained(str(tmp / "out")),
+        TypeError,
+        r"got nothing. Fix: save_pretrained\(output_dir, model, tokenizer\)",
+    ),
+    (
+        "checkpoints: saves every -1 minutes",
+        lambda tmp: checkpoints.fit_resumable(_compiled(), None, 4, 2, str(tmp), every_minutes=-1),
+        ValueError,
+        r"every_minutes=-1 must be a number of minutes. Fix",
+    ),
+    (
+        "checkpoints: no checkpoint folder",
+        lambda tmp: checkpoints.fit_resumable(_compiled(), None, 4, 2, None),
+        TypeError,
+        r"checkpoint_dir=None must be a folder path.*Fix",
     ),
 ]
 

@@ -216,10 +216,26 @@ def fit_resumable(
     same epoch in every process (seeded by the epoch: ``text.make_text_dataset(seed=epoch,
     skip_steps=...)``, ``records.read_records(epoch=..., skip_steps=...)``). ``run`` adds to
     what the checkpoints must match (``steps_per_epoch`` always). ``fit_kwargs`` go to every
-    ``fit`` call (``validation_data``, ``verbose`` ...). Returns the ``History`` dict of
+    ``fit`` call (``validation_data``, ``verbose`` ...). Saves come at every epoch's end,
+    and after ``every_steps`` steps or ``every_minutes`` minutes (``None`` or 0: never by
+    that measure). Returns the ``History`` dict of
     every epoch of the run, those of earlier processes included (``history.json``).
     """
     check_positive(steps_per_epoch=steps_per_epoch, epochs=epochs)
+    if every_steps:  # None or 0: no saves by step count
+        check_positive(every_steps=every_steps)
+    minutes_ok = isinstance(every_minutes, (int, float)) and not isinstance(every_minutes, bool)
+    if every_minutes is not None and not (minutes_ok and every_minutes >= 0):
+        raise ValueError(
+            f"every_minutes={every_minutes!r} must be a number of minutes. Fix: 10 (a save"
+            " costs seconds; a disconnect loses at most that much training), or 0 for saves"
+            " at epoch ends only."
+        )
+    if not isinstance(checkpoint_dir, str) or not checkpoint_dir:
+        raise TypeError(
+            f"checkpoint_dir={checkpoint_dir!r} must be a folder path (local or gs://). Fix:"
+            " f'{output_dir}/checkpoints'."
+        )
     run = {"steps_per_epoch": steps_per_epoch, **(run or {})}
     checkpoints = RunCheckpoints(checkpoint_dir, model, model.optimizer, run, max_to_keep, log)
     _build_optimizer(model)

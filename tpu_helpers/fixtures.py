@@ -325,6 +325,10 @@ def train_tokenizer(family: str, corpus: list[str], vocab_size: int = 600):
     )
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
+    if family not in TOKENIZER_KINDS:
+        raise ValueError(
+            f"No tokenizer recipe for family {family!r}. Fix: one of {sorted(TOKENIZER_KINDS)}."
+        )
     kind, specials, (single, pair) = TOKENIZER_KINDS[family]
     specials = list(specials)
     unk = next(t for t in specials if "unk" in t.lower())

@@ -7,6 +7,23 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tpu_helpers.validate import check_labels, check_positive, check_same_length
+
+
+def _scored(labels, predictions, weights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Labels, predictions and weights as arrays of one length, with some weight to score
+    (weights of 0 mark filler rows), or ``ValueError`` naming what is off."""
+    check_same_length(labels=labels, predictions=predictions, weights=weights)
+    y = check_labels(labels, column="labels")
+    p = check_labels(predictions, column="predictions")
+    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
+    if not w.sum() > 0:
+        raise ValueError(
+            f"There is nothing to score: {len(y)} rows with a total weight of {w.sum()}. Fix:"
+            " predict on at least one real (weight 1) example; check the split and its steps."
+        )
+    return y, p, w
+
 
 def matthews_correlation(labels: Sequence[int], predictions: Sequence[int], weights=None) -> float:
     """Matthews correlation coefficient, CoLA's official metric; for more than two classes
@@ -20,8 +37,7 @@ def matthews_correlation(labels: Sequence[int], predictions: Sequence[int], weig
     >>> matthews_correlation([1, 0, 1, 0], [1, 1, 1, 1])
     0.0
     """
-    y, p = np.asarray(labels, dtype=np.int64), np.asarray(predictions, dtype=np.int64)
-    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
+    y, p, w = _scored(labels, predictions, weights)
     classes = int(max(y.max(initial=0), p.max(initial=0))) + 1
     confusion = np.zeros((classes, classes))
     np.add.at(confusion, (y, p), w)
@@ -33,14 +49,22 @@ def matthews_correlation(labels: Sequence[int], predictions: Sequence[int], weig
 
 
 def accuracy(labels, predictions, weights=None) -> float:
-    y, p = np.asarray(labels), np.asarray(predictions)
-    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
+    """Share of (weighted) rows predicted right.
+
+    >>> accuracy([1, 0, 1], [1, 1, 1], weights=[1, 1, 0])
+    0.5
+    """
+    y, p, w = _scored(labels, predictions, weights)
     return float((w * (y == p)).sum() / w.sum())
 
 
 def majority_rate(labels) -> float:
     """Accuracy of always predicting the most common class: the bar a model must clear."""
-    counts = np.bincount(np.asarray(labels))
+    counts = np.bincount(check_labels(labels, column="labels"))
+    if counts.sum() == 0:
+        raise ValueError(
+            "labels is empty: there is no majority class. Fix: pass the split's labels."
+        )
     return float(counts.max() / counts.sum())
 
 
@@ -86,6 +110,12 @@ def count_examples(dataset) -> int:
     time). Elements may be tensors, dicts, or tuples whose first item is either."""
     import tensorflow as tf
 
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            f"count_examples takes a tf.data.Dataset, not a {type(dataset).__name__}. Fix:"
+            " tf.data.Dataset.from_tensor_slices(...).batch(...) first."
+        )
+
     def rows(n, element):
         first = element[0] if isinstance(element, tuple) else element
         if isinstance(first, dict):
@@ -99,6 +129,7 @@ def examples_per_second(dataset, passes: int = 1) -> float:
     """The best rate over ``passes`` full passes of ``count_examples``."""
     import time
 
+    check_positive(passes=passes)
     best = 0.0
     for _ in range(passes):
         start = time.perf_counter()

@@ -237,6 +237,17 @@ def mask_tokens(
     """
     import tensorflow as tf
 
+    if isinstance(probability, bool) or not 0 < probability < 1:
+        raise ValueError(
+            f"probability={probability!r} must be between 0 and 1 (the share of tokens to"
+            " mask). Fix: 0.15, as BERT and RoBERTa were pretrained."
+        )
+    if mask_token_id is None:
+        raise ValueError(
+            "mask_token_id is None: the tokenizer has no mask token. Fix: a tokenizer made for"
+            " masked-LM ([MASK] or <mask>), e.g. mlm.train_tokenizer, or"
+            " tokenizer.add_special_tokens({'mask_token': '[MASK]'}) and a resized model."
+        )
     ids = tf.convert_to_tensor(input_ids)
     seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
     # one lookup per token in a table of the vocabulary, not a comparison per special id
@@ -364,6 +375,14 @@ def fill_mask_table(model, tokenizer, texts: Sequence[str], k: int = 3, words: i
 def perplexity(history_or_logs: dict, key: str = "mlm_loss") -> float:
     """``exp`` of the masked-token cross-entropy a compiled weighted metric named ``key``
     reports (the mean over masked positions only, not over every position)."""
+    if key not in history_or_logs:
+        raise KeyError(
+            f"{key!r} is not among the logged metrics {sorted(history_or_logs)}. Fix: compile"
+            f" with weighted_metrics named {key!r} (see notebook 06), or pass key= one of them."
+        )
     value = history_or_logs[key]
-    value = value[-1] if isinstance(value, list) else value
+    if isinstance(value, list):
+        if not value:
+            raise ValueError(f"{key!r} holds no values yet. Fix: train or evaluate first.")
+        value = value[-1]
     return float(np.exp(value))

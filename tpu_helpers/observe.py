@@ -25,6 +25,17 @@ from dataclasses import dataclass
 import numpy as np
 
 import tpu_helpers._env  # noqa: F401
+from tpu_helpers.validate import check_positive
+
+
+def _check_folder(log_dir) -> str:
+    """``log_dir`` as a path string, or ``TypeError`` naming it."""
+    if isinstance(log_dir, bool) or not isinstance(log_dir, (str, os.PathLike)) or not str(log_dir):
+        raise TypeError(
+            f"log_dir={log_dir!r} must be a folder path (local, gs:// or ram://). Fix: for"
+            " example f'{output_dir}/logs'."
+        )
+    return str(log_dir).rstrip("/")
 
 
 # --- TensorBoard logs ----------------------------------------------------------------
@@ -74,7 +85,7 @@ class TrainingLog:
                 f" pip install 'tensorboard~={version}.0' (the install cell of the notebooks"
                 " adds it on Colab and Kaggle)."
             )
-        self.log_dir = str(log_dir).rstrip("/")
+        self.log_dir = _check_folder(log_dir)
         self.run = run or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
         self.run_dir = f"{self.log_dir}/{self.run}"
         self.examples_per_epoch = examples_per_epoch
@@ -168,8 +179,14 @@ def read_scalars(run_dir: str, part: str = "train") -> dict[str, list[tuple[int,
     needed): what the dashboard would plot."""
     import tensorflow as tf
 
+    run_dir = _check_folder(run_dir)
+    if not tf.io.gfile.isdir(run_dir):
+        raise FileNotFoundError(
+            f"There is no run folder {run_dir}. Fix: pass a run's folder (TrainingLog.run_dir,"
+            " the log folder followed by the run's name)."
+        )
     out: dict[str, list[tuple[int, float]]] = {}
-    pattern = f"{str(run_dir).rstrip('/')}/{part}/events.out.tfevents.*"
+    pattern = f"{run_dir}/{part}/events.out.tfevents.*"
     for path in sorted(tf.io.gfile.glob(pattern)):
         for raw in tf.data.TFRecordDataset(path):
             event = tf.compat.v1.Event.FromString(raw.numpy())
@@ -286,6 +303,7 @@ def input_bound_check(model, dataset, steps: int = 30, cached_batches: int = 8) 
     """
     import tensorflow as tf
 
+    check_positive(steps=steps, cached_batches=cached_batches)
     if getattr(model, "optimizer", None) is None:
         raise ValueError("Compile the model first (model.compile(...)): the check runs its step.")
     if not isinstance(dataset, tf.data.Dataset):
@@ -496,9 +514,11 @@ def capture_profile(log_dir: str, run_step: Callable[[], object], steps: int = 5
     """
     import tensorflow as tf
 
+    log_dir = _check_folder(log_dir)
+    check_positive(steps=steps)
     run_step()  # compile outside the profile: the profile shows steady steps
-    before = set(tf.io.gfile.glob(f"{str(log_dir).rstrip('/')}/plugins/profile/*/*"))
-    tf.profiler.experimental.start(str(log_dir))
+    before = set(tf.io.gfile.glob(f"{log_dir}/plugins/profile/*/*"))
+    tf.profiler.experimental.start(log_dir)
     try:
         for step in range(steps):
             with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
@@ -506,7 +526,7 @@ def capture_profile(log_dir: str, run_step: Callable[[], object], steps: int = 5
                 tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)
     finally:
         tf.profiler.experimental.stop()
-    after = set(tf.io.gfile.glob(f"{str(log_dir).rstrip('/')}/plugins/profile/*/*"))
+    after = set(tf.io.gfile.glob(f"{log_dir}/plugins/profile/*/*"))
     return sorted(after - before)
 
 

@@ -33,6 +33,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tpu_helpers.validate import (
+    check_labels,
+    check_positive,
+    check_same_length,
+    check_token_counts,
+)
+
 FAMILIES = (
     "albert",
     "bert",
@@ -63,9 +70,8 @@ def pack_rows(
     ``seed`` orders examples of equal length (``None``: by index), so the rows differ
     from one seed to the next while the packing stays as tight.
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if width < 1 or max_per_row < 1:
-        raise ValueError(f"width={width} and max_per_row={max_per_row} must be positive.")
+    check_positive(width=width, max_per_row=max_per_row)
+    lengths = check_token_counts(lengths)
     too_long = np.flatnonzero(lengths > width)
     if too_long.size:
         raise ValueError(
@@ -73,8 +79,6 @@ def pack_rows(
             f" {int(too_long[0])}, has {int(lengths[too_long[0]])} tokens). Fix: tokenize with"
             f" max_length={width} (truncation=True), or pack into wider rows."
         )
-    if (lengths < 1).any():
-        raise ValueError("Every example needs at least one token.")
     tie = (
         np.arange(len(lengths))
         if seed is None
@@ -99,6 +103,14 @@ def pack_rows(
         if len(rows[row]) < max_per_row and free[row] > 0:
             open_rows[free[row]].append(row)
     return rows
+
+
+def _check_some(lengths: Sequence[int]) -> None:
+    if len(lengths) == 0:
+        raise ValueError(
+            "There are no examples to pack (lengths is empty). Fix: check the split and any"
+            " filter or max_examples before packing."
+        )
 
 
 @dataclass
@@ -129,6 +141,8 @@ def rows_per_replica(lengths: Sequence[int], per_replica_batch: int, width: int)
     """Packed rows a replica takes per step to see about as many examples as an unpacked
     batch of ``per_replica_batch`` (rows hold ``width / mean length`` examples): the same
     number of steps per epoch, so a learning rate and schedule carry over."""
+    check_positive(per_replica_batch=per_replica_batch, width=width)
+    _check_some(lengths)
     return max(1, round(per_replica_batch * float(np.mean(lengths)) / width))
 
 
@@ -136,6 +150,7 @@ def row_width(lengths: Sequence[int], width: int, multiple: int = 8) -> int:
     """``width``, or the narrowest multiple of ``multiple`` above it that holds the longest
     example: rows must hold every example whole (a cut would drop its final separator
     token, and a pair its second sentence's end)."""
+    _check_some(lengths)
     longest = int(max(lengths))
     return max(int(width), -(-longest // multiple) * multiple)
 
@@ -154,16 +169,25 @@ def packed_arrays(
     ``labels``, ``weights`` ``[rows, max_per_row]`` (empty slots: start 0, weight 0).
     With ``token_type_ids`` (one list per example, as a tokenizer gives for sentence
     pairs) also ``token_type_ids`` ``[rows, width]``, 0 on padding."""
+    check_same_length(input_ids=input_ids, labels=labels, token_type_ids=token_type_ids)
     n = len(rows)
     per_row = np.array([len(r) for r in rows], dtype=np.int64)
     if n and per_row.max() > max_per_row:
-        raise ValueError(f"a row holds {per_row.max()} examples, more than max_per_row.")
+        raise ValueError(
+            f"A row holds {per_row.max()} examples, more than max_per_row={max_per_row}. Fix:"
+            " pack_rows(lengths, width, max_per_row) with the same max_per_row."
+        )
     order = np.concatenate([np.asarray(r, np.int64) for r in rows]) if n else np.zeros(0, int)
     lengths = np.array([len(input_ids[i]) for i in order], dtype=np.int64)
     row_of = np.repeat(np.arange(n), per_row)
     slot = np.arange(len(order)) - np.repeat(np.cumsum(per_row) - per_row, per_row)
     ends = np.cumsum(lengths)  # in the concatenation of all rows' examples
     row_tokens = np.bincount(row_of, weights=lengths, minlength=n).astype(np.int64)
+    if n and row_tokens.max() > width:
+        raise ValueError(
+            f"Row {int(row_tokens.argmax())} holds {int(row_tokens.max())} tokens, more than"
+            f" width={width}. Fix: pack_rows(lengths, width) with the same width."
+        )
     row_offset = np.cumsum(row_tokens) - row_tokens
     start = ends - lengths - row_offset[row_of]  # each example's first column in its row
 
@@ -183,7 +207,16 @@ def packed_arrays(
     if token_type_ids is not None:
         out["token_type_ids"] = np.zeros((n, width), np.int32)
         if n:
-            types = np.concatenate([np.asarray(token_type_ids[i]) for i in order])
+            types = [np.asarray(token_type_ids[i]) for i in order]
+            wrong = np.flatnonzero(np.array([len(t) for t in types]) != lengths)
+            if len(wrong):
+                i = int(order[wrong[0]])
+                raise ValueError(
+                    f"Example {i} has {len(input_ids[i])} input_ids but"
+                    f" {len(token_type_ids[i])} token_type_ids. Fix: take both from the same"
+                    " tokenizer call."
+                )
+            types = np.concatenate(types)
             out["token_type_ids"][token_row, token_col] = types
     out["segment_ids"][token_row, token_col] = np.repeat(slot + 1, lengths)
     out["position_ids"][token_row, token_col] = token_pos
@@ -399,6 +432,7 @@ def packed_dataset(
     pad_token_id: int = 0,
     epochs: int = 1,
     token_type_ids: Sequence[Sequence[int]] | None = None,
+    num_labels: int | None = None,
 ):
     """``(tf.data.Dataset, steps per epoch)``: ``epochs`` epochs of batches of
     ``batch_size`` packed rows, one shape, ``(features, labels, weights)`` with labels and
@@ -407,10 +441,15 @@ def packed_dataset(
     each epoch groups the examples differently; every epoch has the same number of steps
     (the most any epoch's packing needs), its last batches completed with empty rows
     (every weight 0): each example is used exactly once per epoch with weight 1.
-    ``dataset.pack_report`` describes the first epoch's packing."""
+    ``dataset.pack_report`` describes the first epoch's packing. Labels are checked
+    (whole numbers from 0, below ``num_labels`` when it is given)."""
     import tensorflow as tf
 
+    check_positive(width=width, batch_size=batch_size, max_per_row=max_per_row, epochs=epochs)
+    check_same_length(input_ids=input_ids, labels=labels, token_type_ids=token_type_ids)
+    labels = check_labels(labels, num_labels, "labels")
     lengths = [len(ids) for ids in input_ids]
+    _check_some(lengths)
     packings = []
     for epoch in range(epochs):
         rows = pack_rows(lengths, width, max_per_row, seed + epoch)

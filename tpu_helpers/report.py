@@ -24,7 +24,7 @@ def publish_metrics(**metrics: float | int | str) -> None:
     >>> publish_metrics(val_accuracy=0.9)   # outside IPython it only prints
     val_accuracy: 0.9
     """
-    clean = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()}
+    clean = {name: _figure(name, value) for name, value in metrics.items()}
     text = "\n".join(f"{k}: {v}" for k, v in clean.items())
     try:
         from IPython import get_ipython
@@ -36,6 +36,23 @@ def publish_metrics(**metrics: float | int | str) -> None:
     except ImportError:
         pass
     print(text)
+
+
+def _figure(name: str, value) -> float | int | str | bool:
+    """One metric as a JSON scalar: NumPy scalars and 0-d tensors become Python numbers
+    (floats rounded to 4 places); anything else is refused, naming it."""
+    if hasattr(value, "numpy"):  # a tf.Tensor or tf.Variable
+        value = value.numpy()
+    if hasattr(value, "ndim") and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, (int, str, bool)):
+        return value
+    raise TypeError(
+        f"Metric {name}={value!r} is a {type(value).__name__}; a metric is one number or"
+        f" string. Fix: publish one figure, e.g. {name}=float(values[-1]) for the last epoch."
+    )
 
 
 def summarize_notebook(path: str | os.PathLike) -> dict:
@@ -132,6 +149,11 @@ def build_report(
     With ``render``, each notebook is rendered to HTML beside it and the page links that
     (and the ``.ipynb``) by paths relative to ``out_dir``.
     """
+    if isinstance(notebooks, (str, os.PathLike)):
+        raise TypeError(
+            f"notebooks={str(notebooks)!r} is one path; build_report takes a list of them."
+            f" Fix: build_report([{str(notebooks)!r}], out_dir)."
+        )
     summaries = [summarize_notebook(p) for p in notebooks]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

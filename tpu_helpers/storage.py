@@ -20,6 +20,11 @@ def copy_tree(source: str, target: str) -> list[str]:
     """Copy every file below ``source`` to ``target`` with ``tf.io.gfile``; return targets."""
     import tensorflow as tf
 
+    if not tf.io.gfile.isdir(source):
+        raise FileNotFoundError(
+            f"There is no folder {source} to copy. Fix: check the path (save_pretrained or"
+            " the training run writes it)."
+        )
     written = []
     for folder, _, files in tf.io.gfile.walk(source):
         rel = (
@@ -38,6 +43,13 @@ def copy_tree(source: str, target: str) -> list[str]:
 def save_pretrained(output_dir: str, *objects) -> list[str]:
     """``obj.save_pretrained`` for each object (model, tokenizer, processor) into
     ``output_dir``, local or remote. Returns the files written."""
+    unsavable = [type(o).__name__ for o in objects if not hasattr(o, "save_pretrained")]
+    if not objects or unsavable:
+        raise TypeError(
+            f"save_pretrained saves objects that have .save_pretrained (models, tokenizers,"
+            f" processors); got {unsavable or 'nothing'}. Fix:"
+            " save_pretrained(output_dir, model, tokenizer)."
+        )
     if not is_remote(output_dir):
         os.makedirs(output_dir, exist_ok=True)
         for obj in objects:

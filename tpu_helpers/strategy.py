@@ -191,6 +191,11 @@ def connect(
     >>> strategy = connect(simulated_replicas=2)        # doctest: +SKIP
     CPU (2 simulated replicas) | replicas 2 | TF 2.21.0 | tf-keras 2.21.0 | ...
     """
+    if tpu is not None and not isinstance(tpu, str):
+        raise TypeError(
+            f"tpu={tpu!r} ({type(tpu).__name__}) must name a TPU. Fix: a name such as"
+            " 'local' or 'my-tpu-v4-32', 'grpc://host:8470', or None to find the runtime's own."
+        )
     if not isinstance(simulated_replicas, int) or simulated_replicas < 0:
         raise ValueError(
             f"simulated_replicas={simulated_replicas!r} is not a replica count. Fix: pass an"

@@ -276,6 +276,9 @@ class PaddingReport:
 def padding_report(lengths: Sequence[int], boundaries: Sequence[int]) -> PaddingReport:
     """Real (non-padding) tokens against tokens computed, when each example is padded to the
     narrowest boundary that holds it (longer ones are truncated to the widest)."""
+    boundaries = check_boundaries(boundaries)
+    if len(lengths) == 0:
+        raise ValueError("padding_report needs at least one length. Fix: pass the split's lengths.")
     lengths = np.minimum(np.asarray(lengths, dtype=np.int64), boundaries[-1])
     widths = np.asarray(boundaries)[np.searchsorted(boundaries, lengths)]
     return PaddingReport(tuple(int(b) for b in boundaries), int(lengths.sum()), int(widths.sum()))
@@ -293,6 +296,7 @@ def global_batch_size(per_replica_batch: int, replicas: int) -> int:
             f"per_replica_batch={per_replica_batch!r} is not a positive integer. Fix: pass the"
             f" batch for ONE replica (e.g. 8 or 16); the global batch is that x {replicas} replicas."
         )
+    check_positive(replicas=replicas)
     return per_replica_batch * replicas
 
 
@@ -313,6 +317,7 @@ def batch_plan(
     Returns ``(indices [n, B], widths [n], weights [n, B])`` as numpy arrays.
     """
     boundaries = check_boundaries(boundaries)
+    check_positive(global_batch=global_batch)
     lengths = np.minimum(np.asarray(lengths), boundaries[-1])
     if len(lengths) < global_batch:
         raise ValueError(

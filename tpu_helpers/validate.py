@@ -33,6 +33,52 @@ def check_positive(**counts) -> None:
             )
 
 
+def check_same_length(**columns) -> int:
+    """The common length of ``columns`` (name=sequence; ``None`` is left out), or
+    ``ValueError`` naming the two that differ.
+
+    >>> check_same_length(labels=[0, 1, 1], predictions=[0, 1])
+    Traceback (most recent call last):
+    ...
+    ValueError: labels has 3 rows but predictions has 2. Fix: pass one value of predictions per row of labels (the same rows, in the same order).
+    """
+    lengths = [(name, len(values)) for name, values in columns.items() if values is not None]
+    (first, rows), *rest = lengths
+    for name, n in rest:
+        if n != rows:
+            raise ValueError(
+                f"{first} has {rows} rows but {name} has {n}. Fix: pass one value of {name}"
+                f" per row of {first} (the same rows, in the same order)."
+            )
+    return rows
+
+
+def check_token_counts(lengths, column: str = "lengths") -> np.ndarray:
+    """Token counts as int64, or ``ValueError`` naming the first that is not a whole
+    number of at least 1.
+
+    >>> check_token_counts([12, 0, 7])
+    Traceback (most recent call last):
+    ...
+    ValueError: lengths has 0 at row 1: every example needs at least one token. Fix: drop empty examples before packing (dataset.filter(lambda x: len(x['input_ids']) > 0)).
+    """
+    array = np.asarray(lengths)
+    if array.size and array.dtype.kind not in "iu":
+        raise ValueError(
+            f"{column} holds {array.dtype} values ({array.reshape(-1)[0]!r} at row 0), not"
+            f" token counts. Fix: {column}=[len(ids) for ids in input_ids]."
+        )
+    bad = np.flatnonzero(array < 1)
+    if len(bad):
+        row = int(bad[0])
+        raise ValueError(
+            f"{column} has {int(array[row])} at row {row}: every example needs at least one"
+            " token. Fix: drop empty examples before packing"
+            " (dataset.filter(lambda x: len(x['input_ids']) > 0))."
+        )
+    return array.astype(np.int64)
+
+
 def check_present(values, column: str, first_row: int = 0) -> None:
     """Refuse a column with missing values (``None``), naming the first one's row
     (``first_row`` is the row of ``values[0]``, for a column checked in batches).

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import tpu_helpers._env  # noqa: F401
 from tpu_helpers.checks import FAIL, PASS, SKIP, WARN, Check
 from tpu_helpers.metrics import logits_of
+from tpu_helpers.validate import check_positive
 
 
 def masked_sparse_crossentropy(labels, logits):
@@ -87,6 +88,12 @@ def shape_report(dataset, n: int = 50) -> ShapeReport:
     """
     from itertools import islice
 
+    check_positive(n=n)
+    if not hasattr(dataset, "take") and not hasattr(dataset, "__iter__"):
+        raise TypeError(
+            f"shape_report reads batches from a tf.data.Dataset or an iterable of batches, not"
+            f" a {type(dataset).__name__}. Fix: pass the dataset the model trains on."
+        )
     elements = dataset.take(n) if hasattr(dataset, "take") else islice(dataset, n)
     counts: Counter = Counter()
     real = total = seen = 0
