@@ -254,6 +254,30 @@ def test_head():
         workshop.check_head(model(3, classes, {f"LABEL_{i}": i for i in range(3)}), classes)
 
 
+def test_head_must_start_from_the_checkpoint(fixtures_dir):
+    """04.2's wrong answers with a real checkpoint: a random encoder (from_config) and a
+    head of the checkpoint's own size; the solution passes."""
+    from transformers import AutoConfig, TFAutoModelForImageClassification
+
+    checkpoint, classes = str(fixtures_dir / "tiny-vit"), ["angular", "bean_rust", "healthy"]
+    names = {
+        "id2label": dict(enumerate(classes)),
+        "label2id": {c: i for i, c in enumerate(classes)},
+    }
+    solution = TFAutoModelForImageClassification.from_pretrained(
+        checkpoint, num_labels=3, ignore_mismatched_sizes=True, **names
+    )
+    workshop.check_head(solution, classes, checkpoint)
+    config = AutoConfig.from_pretrained(checkpoint, num_labels=3, **names)
+    random_start = TFAutoModelForImageClassification.from_config(config)
+    random_start(tf.zeros([1, 3, config.image_size, config.image_size]))  # build the weights
+    with pytest.raises(Wrong, match="differ from .*tiny-vit's: the model starts from random"):
+        workshop.check_head(random_start, classes, checkpoint)
+    own_head = TFAutoModelForImageClassification.from_pretrained(checkpoint)
+    with pytest.raises(Wrong, match="outputs for 3 classes"):
+        workshop.check_head(own_head, classes, checkpoint)
+
+
 def test_same_values():
     def reference(x):
         return x * 2 if float(tf.reduce_sum(x)) > 3 else tf.zeros_like(x)
@@ -330,3 +354,145 @@ def test_schedule():
         workshop.check_schedule(too_long, 1e-4, 100, 0.1)
     with pytest.raises(Wrong, match="not 0.0001"):
         workshop.check_schedule(lambda step: 1e-3 * min(1.0, step / 10), 1e-4, 100, 0.1)
+
+
+# --- more wrong answers, as learners write them ---------------------------------------
+def _raises(check, *args, match):
+    with pytest.raises(Wrong, match=match):
+        check(*args)
+
+
+def test_replica_total_more_wrong_answers():
+    _raises(workshop.check_replica_total, 2.5, 4, match="the MEAN.*ReduceOp.SUM")  # MEAN
+    _raises(workshop.check_replica_total, 6, 4, match="ids count from 0.*\\+ 1")  # no + 1
+    _raises(workshop.check_replica_total, None, 4, match="not one number")
+
+
+def test_split_more_wrong_answers():
+    everything = [[0, 1, 2, 3], [0, 1, 2, 3]]  # every replica got the whole batch
+    _raises(workshop.check_split, everything, 2, 4, match="GLOBAL batch size")
+    _raises(workshop.check_split, [[4, 5], [6, 7]], 2, 4, match="not the first batch")
+    _raises(workshop.check_split, 7, 2, 4, match="one list of rows per replica")
+
+
+def test_global_batch_more_wrong_answers():
+    _raises(workshop.check_global_batch, 8, 16, 8, match="= 128")  # the replica count
+    _raises(workshop.check_global_batch, 24, 16, 8, match="= 128")  # added, not multiplied
+    _raises(workshop.check_global_batch, 2, 16, 8, match="= 128")  # divided
+
+
+def test_replica_loss_more_wrong_answers():
+    def times_replicas(loss, gb):
+        return tf.reduce_sum(loss) / gb * 4
+
+    def mean_without_fillers(loss, gb):  # the mean over the rows that are not 0
+        return tf.reduce_sum(loss) / tf.reduce_sum(tf.cast(loss > 0, loss.dtype))
+
+    _raises(workshop.check_replica_loss, times_replicas, 32, 4, match="own 8 rows")
+    _raises(workshop.check_replica_loss, mean_without_fillers, 32, 4, match="own 8 rows|global")
+    _raises(workshop.check_replica_loss, lambda loss, gb: loss / gb, 32, 4, match="raised|global")
+
+
+def test_parse_spec_more_wrong_answers(written):
+    source, rows = written
+    ids, label = tf.io.VarLenFeature(tf.int64), tf.io.FixedLenFeature([], tf.int64)
+    _raises(
+        workshop.check_parse_spec,
+        {"input_ids": ids, "label": tf.io.FixedLenFeature([], tf.float32)},
+        source,
+        rows,
+        match="parsing a record",
+    )
+    _raises(
+        workshop.check_parse_spec,
+        {"input_ids": tf.io.FixedLenFeature([], tf.int64), "label": label},
+        source,
+        rows,
+        match="(?i)its own length|parsing a record",
+    )
+    _raises(
+        workshop.check_parse_spec,
+        {"input_ids": tf.io.VarLenFeature(tf.string), "label": label},
+        source,
+        rows,
+        match="parsing a record",
+    )
+    _raises(workshop.check_parse_spec, ["input_ids", "label"], source, rows, match="must be a dict")
+
+
+@tf.autograph.experimental.do_not_convert  # as notebook 05 writes it: a real Python if
+def _count_if(ids):
+    if tf.reduce_sum(ids) > 100:
+        return tf.reduce_sum(tf.cast(ids > 0, tf.int32))
+    return tf.constant(0)
+
+
+COUNT_INPUTS = [tf.constant([[101, 7, 102, 0]]), tf.constant([[5, 3, 0, 0]])]
+
+
+def test_same_values_more_wrong_answers():
+    def counts_padding_too(ids):
+        return tf.where(tf.reduce_sum(ids) > 100, tf.size(ids), 0)
+
+    def no_condition(ids):
+        return tf.reduce_sum(tf.cast(ids > 0, tf.int32))
+
+    def count_where(ids):
+        return tf.where(tf.reduce_sum(ids) > 100, tf.reduce_sum(tf.cast(ids > 0, tf.int32)), 0)
+
+    workshop.check_same_values(count_where, _count_if, COUNT_INPUTS)
+    for wrong, message in [
+        (_count_if, "XLA cannot compile it"),  # the original, still a Python if
+        (counts_padding_too, "both branches"),
+        (no_condition, "both branches"),
+    ]:
+        _raises(workshop.check_same_values, wrong, _count_if, COUNT_INPUTS, match=message)
+
+
+def test_static_loss_more_wrong_answers():
+    labels = tf.constant([1, -100, 0])
+    logits = tf.random.stateless_normal([3, 4], seed=[0, 1])
+
+    def boolean_mask(labels, logits):
+        keep = labels >= 0
+        return tf.reduce_mean(
+            tf.keras.losses.sparse_categorical_crossentropy(
+                labels[keep], logits[keep], from_logits=True
+            )
+        )
+
+    def over_every_position(labels, logits):  # zeroes the masked, divides by all
+        keep = labels >= 0
+        loss = tf.keras.losses.sparse_categorical_crossentropy(
+            tf.where(keep, labels, 0), logits, from_logits=True
+        )
+        return tf.reduce_mean(tf.where(keep, loss, 0.0))
+
+    def labels_left_at_minus_100(labels, logits):
+        keep = tf.cast(labels >= 0, tf.float32)
+        loss = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        return tf.reduce_sum(loss * keep) / tf.maximum(tf.reduce_sum(keep), 1.0)
+
+    reference = boolean_mask(labels, logits)
+    for wrong, message in [
+        (boolean_mask, "value-dependent shapes"),
+        (over_every_position, "multiply"),
+        (labels_left_at_minus_100, "raised|multiply|NaN"),
+    ]:
+        _raises(workshop.check_static_loss, wrong, labels, logits, reference, match=message)
+
+
+def test_positions_more_wrong_answers():
+    _raises(workshop.check_positions, 512, "roberta", 128, match="never used")
+    _raises(workshop.check_positions, 129, "roberta", 128, match="Fix: 130")
+    _raises(workshop.check_positions, 130.0, "roberta", 128, match="positive integer")
+
+
+def test_schedule_more_wrong_answers():
+    from transformers import create_optimizer
+
+    _, half_warmup = create_optimizer(1e-4, 100, 50)  # warmup over half the run
+    _raises(workshop.check_schedule, half_warmup, 1e-4, 100, 0.1, match="after warmup")
+    _, one_step_warmup = create_optimizer(1e-4, 100, 1)
+    _raises(workshop.check_schedule, one_step_warmup, 1e-4, 100, 0.1, match="after warmup")
+    _raises(workshop.check_schedule, lambda step: 1e-4, 1e-4, 100, 0.1, match="starts at")

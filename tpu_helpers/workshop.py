@@ -28,6 +28,17 @@ def _ok(exercise: str, message: str) -> None:
     print(f"OK  exercise {exercise}: {message}")
 
 
+def _learners(function: Callable, exercise: str, *args):
+    """``function(*args)`` (the learner's code), or a failed check that says where it broke."""
+    from tpu_helpers.checks import first_line
+
+    try:
+        return function(*args)
+    except Exception as err:  # noqa: BLE001  (any error of the learner's code)
+        name = getattr(function, "__name__", "the function")
+        _fail(exercise, f"{name}(...) raised {type(err).__name__}: {first_line(err)}")
+
+
 # --- 00 ---------------------------------------------------------------------------------
 def check_replica_total(total, replicas: int, exercise: str = "00.1") -> None:
     """Replica i contributed i + 1, summed over the replicas: N(N+1)/2."""
@@ -43,11 +54,16 @@ def check_replica_total(total, replicas: int, exercise: str = "00.1") -> None:
             " tf.distribute.get_replica_context().replica_id_in_sync_group + 1.",
         )
     if value != expected:
-        hint = (
-            " (that is one replica's value: reduce with strategy.reduce(SUM, ..., axis=None))"
-            if 1 <= value <= replicas
-            else ""
-        )
+        if replicas > 1 and value == expected / replicas:
+            hint = " (that is the MEAN over the replicas: reduce with tf.distribute.ReduceOp.SUM)"
+        elif replicas > 1 and value == expected - replicas:
+            hint = " (replica ids count from 0: each replica returns its id + 1)"
+        elif 1 <= value <= replicas:
+            hint = (
+                " (that is one replica's value: reduce with strategy.reduce(SUM, ..., axis=None))"
+            )
+        else:
+            hint = ""
         _fail(exercise, f"total is {value:g}; {replicas} replica(s) give {expected}{hint}.")
     _ok(exercise, f"{replicas} replica(s) each ran the function; total {expected}")
 
@@ -413,8 +429,30 @@ def _compare_normalized(got, expected, pixels, spec, exercise: str) -> None:
         )
 
 
-def check_head(model, class_names: Sequence[str], exercise: str = "04.2") -> None:
-    """A new classification head: one output per class, named by ``id2label``."""
+def _main_layer_weights(model) -> dict[str, np.ndarray]:
+    """The weights of a transformers TF model's main layer (``model.<base_model_prefix>``,
+    the encoder without any head), by name without the model's own scope."""
+    main = getattr(model, model.base_model_prefix)
+    return {w.name.split("/", 1)[-1]: w for w in main.weights}
+
+
+def _pretrained_share(model, checkpoint: str) -> tuple[int, int]:
+    """(weights of ``model``'s encoder equal to ``checkpoint``'s, weights compared)."""
+    from transformers import TFAutoModel
+
+    reference = _main_layer_weights(TFAutoModel.from_pretrained(checkpoint))
+    mine = _main_layer_weights(model)
+    common = sorted(set(reference) & set(mine))
+    same = sum(np.array_equal(reference[n].numpy(), mine[n].numpy()) for n in common)
+    return same, len(common)
+
+
+def check_head(
+    model, class_names: Sequence[str], checkpoint: str | None = None, exercise: str = "04.2"
+) -> None:
+    """A new classification head: one output per class, named by ``id2label`` and
+    ``label2id``, on the encoder of ``checkpoint`` (when given: its weights, not a random
+    start such as ``from_config`` makes)."""
     config = model.config
     if config.num_labels != len(class_names):
         _fail(
@@ -439,23 +477,43 @@ def check_head(model, class_names: Sequence[str], exercise: str = "04.2") -> Non
             f" {wanted}: pass label2id={{name: i for i, name in enumerate(class_names)}} too"
             " (pipelines and the saved config map names back to ids with it).",
         )
-    _ok(exercise, f"{len(class_names)} outputs named {names}")
+    if checkpoint is not None:
+        same, compared = _pretrained_share(model, checkpoint)
+        if compared == 0 or same < compared:
+            _fail(
+                exercise,
+                f"{compared - same} of the encoder's {compared} weights differ from"
+                f" {checkpoint}'s: the model starts from random weights (from_config builds"
+                " an untrained model). Fix: TFAutoModelForImageClassification.from_pretrained"
+                "(model_checkpoint, ...) keeps the pretrained encoder and replaces only the"
+                " head.",
+            )
+    _ok(exercise, f"{len(class_names)} outputs named {names}, on the pretrained encoder")
 
 
 # --- 05 ---------------------------------------------------------------------------------
 def check_same_values(function: Callable, reference: Callable, inputs, exercise: str = "05.1"):
     """``function`` gives ``reference``'s value (run eagerly, where a Python ``if`` works)
-    on each of ``inputs``, both sides of the condition included."""
+    on each of ``inputs``, both sides of the condition included, and XLA compiles it."""
+    from tpu_helpers import xla
+
     for args in inputs:
         args = args if isinstance(args, tuple) else (args,)
-        want, got = np.asarray(reference(*args)), np.asarray(function(*args))
+        want = np.asarray(reference(*args))
+        got = np.asarray(_learners(function, exercise, *args))
         if want.shape != got.shape or not np.allclose(want, got, rtol=1e-5, atol=1e-6):
             _fail(
                 exercise,
                 f"for input {np.asarray(args[0]).tolist()} it gives {got.tolist()}, the"
                 f" original gives {want.tolist()}: both branches must still be computed.",
             )
-    _ok(exercise, f"same values as the original on {len(inputs)} inputs")
+    first = inputs[0] if isinstance(inputs[0], tuple) else (inputs[0],)
+    try:
+        xla.compiled_hlo(function, *first)
+    except Exception as err:  # noqa: BLE001  (the compiler's error, translated)
+        rule, _, fix = xla.translate_xla_error(err)
+        _fail(exercise, f"XLA cannot compile it: {rule}. Fix: {fix}")
+    _ok(exercise, f"same values as the original on {len(inputs)} inputs, and XLA compiles it")
 
 
 def check_static_loss(
@@ -467,7 +525,7 @@ def check_static_loss(
 
     from tpu_helpers import xla
 
-    value = float(loss_fn(labels, logits))
+    value = float(_learners(loss_fn, exercise, labels, logits))
     if not math.isclose(value, float(reference), rel_tol=1e-5, abs_tol=1e-6):
         _fail(
             exercise,
@@ -477,7 +535,7 @@ def check_static_loss(
     dynamic = xla.dynamic_shape_ops(xla.compiled_hlo(loss_fn, labels, logits))
     if dynamic:
         _fail(exercise, f"the compiled program still has value-dependent shapes: {dynamic}.")
-    empty = float(loss_fn(tf.fill(tf.shape(labels), -100), logits))
+    empty = float(_learners(loss_fn, exercise, tf.fill(tf.shape(labels), -100), logits))
     if not math.isfinite(empty):
         _fail(
             exercise,
