@@ -1,6 +1,6 @@
 """Packed fine-tuning: the packing is exact and tight, and the packed forward pass of each
 covered family equals the model's own call on the same examples, single sentences and
-pairs alike (logits and gradients), through the tokenizer and data path of notebook 01."""
+pairs alike (logits and gradients), through the tokenizer and data path of notebook 07."""
 
 import numpy as np
 import pytest
@@ -260,7 +260,7 @@ def test_the_comparison_fails_a_leaking_mask_and_unrestarted_positions(family, n
     # every real token may attend to every real token of its row
     monkeypatch.setattr(
         packing,
-        "_same_example",
+        "same_example",
         lambda s: tf.logical_and(s[:, :, None] >= 0, s[:, None, :] > 0),
     )
     assert case.largest_gap() > 1e-2
@@ -361,6 +361,18 @@ def test_packed_dataset_uses_every_example_once_at_one_shape():
         np.concatenate([b[0]["input_ids"].numpy() for b in e]) for e in (two[:steps2], two[steps2:])
     )
     assert not np.array_equal(first, second)  # packed and ordered anew
+    # one epoch from a step on, as a resumed run asks: the same batches as the whole run's
+    part, steps_part = packing.packed_dataset(
+        examples, labels, 24, 4, 4, seed=3, epochs=2, epoch=1, skip_steps=2
+    )
+    part = list(part)
+    assert steps_part == steps2 and len(part) == steps2 - 2
+    for got, want in zip(part, two[steps2 + 2 :], strict=True):
+        for name in ("input_ids", "segment_ids", "starts"):
+            np.testing.assert_array_equal(got[0][name], want[0][name])
+        np.testing.assert_array_equal(got[2], want[2])
+    with pytest.raises(ValueError, match="epoch=2, skip_steps=0: a run of 2 epochs"):
+        packing.packed_dataset(examples, labels, 24, 4, 4, epochs=2, epoch=2)
 
 
 def test_fit_trains_the_wrapped_model_on_packed_batches():

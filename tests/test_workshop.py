@@ -496,3 +496,56 @@ def test_schedule_more_wrong_answers():
     _, one_step_warmup = create_optimizer(1e-4, 100, 1)
     _raises(workshop.check_schedule, one_step_warmup, 1e-4, 100, 0.1, match="after warmup")
     _raises(workshop.check_schedule, lambda step: 1e-4, 1e-4, 100, 0.1, match="starts at")
+
+
+def test_attention_mask():
+    def solution(segment_ids):
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        return same & (segment_ids[:, None, :] > 0)
+
+    workshop.check_attention_mask(solution)
+    workshop.check_attention_mask(lambda s: tf.constant(solution(s)))  # a tensor works too
+    wrong_answers = [
+        (lambda s: s[:, :, None] == s[:, None, :], "padding key must be hidden"),
+        (lambda s: np.broadcast_to(s[:, None, :] > 0, (*s.shape, s.shape[1])), "different"),
+        (lambda s: s > 0, r"shape \[3, 10\]; .*\[3, 10, 10\]"),  # a padding mask
+        (lambda s: np.tril(solution(s)), "same example must see each other"),  # causal
+        (lambda s: solution(s).T, "shape|differ"),  # transposed batch axes
+    ]
+    for wrong, message in wrong_answers:
+        with pytest.raises(Wrong, match=message):
+            workshop.check_attention_mask(wrong)
+
+
+def test_restarted_positions():
+    def solution(segment_ids):
+        out = np.zeros_like(segment_ids)
+        for r, row in enumerate(segment_ids):
+            for i in range(1, len(row)):
+                same = row[i] == row[i - 1] and row[i] > 0
+                out[r, i] = out[r, i - 1] + 1 if same else 0
+        return out
+
+    workshop.check_restarted_positions(solution)
+
+    def one_based(s):
+        return np.where(s > 0, solution(s) + 1, 0)
+
+    def padding_counted(s):  # restarts at each example, but padding goes on counting
+        out = solution(s)
+        for r, row in enumerate(s):
+            pad = np.flatnonzero(row == 0)
+            if len(pad):
+                out[r, pad] = np.arange(1, len(pad) + 1) + out[r, pad[0] - 1]
+        return out
+
+    wrong_answers = [
+        (lambda s: np.broadcast_to(np.arange(s.shape[1]), s.shape), "count along the whole row"),
+        (one_based, "first token of each example is at 0"),
+        (padding_counted, "Padding \\(segment 0\\) gets position 0"),
+        (lambda s: solution(s)[:, :-1], "shape"),
+        (lambda s: 1 / 0, "raised ZeroDivisionError"),
+    ]
+    for wrong, message in wrong_answers:
+        with pytest.raises(Wrong, match=message):
+            workshop.check_restarted_positions(wrong)

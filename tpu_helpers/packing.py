@@ -262,11 +262,11 @@ def block_mask(segment_ids, dtype):
     the same example, -10000 elsewhere (the constant the BERT family uses for padding)."""
     import tensorflow as tf
 
-    allowed = _same_example(segment_ids)
+    allowed = same_example(segment_ids)
     return tf.where(allowed[:, None], tf.constant(0.0, dtype), tf.constant(-10000.0, dtype))
 
 
-def _same_example(segment_ids):
+def same_example(segment_ids):
     """``[rows, T, T]`` booleans: query and key are tokens of one example."""
     import tensorflow as tf
 
@@ -341,7 +341,7 @@ class PackedClassifier:
 
         flags = {"output_attentions": False, "output_hidden_states": False, "return_dict": False}
         if self.family == "deberta-v2":  # a 0/1 mask per (query, key)
-            mask = tf.cast(_same_example(segments), tf.int32)
+            mask = tf.cast(same_example(segments), tf.int32)
             return self.main.encoder(
                 hidden_states=x, attention_mask=mask, training=training, **flags
             )
@@ -422,6 +422,22 @@ def packed_loss(labels, logits, weights):
 
 
 # --- data and training ------------------------------------------------------------------------
+def _epoch_rows(lengths: Sequence[int], width: int, max_per_row: int, seed: int) -> list:
+    """One epoch's rows: packed with ``seed``, then shuffled with it."""
+    rows = pack_rows(lengths, width, max_per_row, seed)
+    return [rows[i] for i in np.random.default_rng(seed).permutation(len(rows))]
+
+
+def _filled(arrays: dict, rows: int, pad_token_id: int) -> dict:
+    """``arrays`` completed to ``rows`` rows with empty ones (every weight 0)."""
+    out = {}
+    for name, values in arrays.items():
+        fill = pad_token_id if name == "input_ids" else 0
+        filler = np.full((rows - len(values), *values.shape[1:]), fill, values.dtype)
+        out[name] = np.concatenate([values, filler])
+    return out
+
+
 def packed_dataset(
     input_ids: Sequence[Sequence[int]],
     labels: Sequence[int],
@@ -433,6 +449,8 @@ def packed_dataset(
     epochs: int = 1,
     token_type_ids: Sequence[Sequence[int]] | None = None,
     num_labels: int | None = None,
+    epoch: int | None = None,
+    skip_steps: int = 0,
 ):
     """``(tf.data.Dataset, steps per epoch)``: ``epochs`` epochs of batches of
     ``batch_size`` packed rows, one shape, ``(features, labels, weights)`` with labels and
@@ -441,8 +459,12 @@ def packed_dataset(
     each epoch groups the examples differently; every epoch has the same number of steps
     (the most any epoch's packing needs), its last batches completed with empty rows
     (every weight 0): each example is used exactly once per epoch with weight 1.
-    ``dataset.pack_report`` describes the first epoch's packing. Labels are checked
-    (whole numbers from 0, below ``num_labels`` when it is given)."""
+
+    With ``epoch`` the dataset holds that epoch alone, from step ``skip_steps`` on (the
+    same batches as in the whole run's dataset: what ``checkpoints.fit_resumable`` asks
+    of a ``dataset_fn``). ``dataset.pack_report`` describes the packing of ``epoch`` (or
+    of the first epoch). Labels are checked (whole numbers from 0, below ``num_labels``
+    when it is given)."""
     import tensorflow as tf
 
     check_positive(width=width, batch_size=batch_size, max_per_row=max_per_row, epochs=epochs)
@@ -450,28 +472,31 @@ def packed_dataset(
     labels = check_labels(labels, num_labels, "labels")
     lengths = [len(ids) for ids in input_ids]
     _check_some(lengths)
-    packings = []
-    for epoch in range(epochs):
-        rows = pack_rows(lengths, width, max_per_row, seed + epoch)
-        order = np.random.default_rng(seed + epoch).permutation(len(rows))
-        packings.append([rows[i] for i in order])
+    packings = [_epoch_rows(lengths, width, max_per_row, seed + e) for e in range(epochs)]
     steps = max(-(-len(rows) // batch_size) for rows in packings)
-    parts = []
-    for rows in packings:
-        arrays = packed_arrays(
-            input_ids, labels, rows, width, max_per_row, pad_token_id, token_type_ids
+    if epoch is not None and not (0 <= epoch < epochs and 0 <= skip_steps < steps):
+        raise ValueError(
+            f"epoch={epoch}, skip_steps={skip_steps}: a run of {epochs} epochs of {steps}"
+            f" steps has epochs 0 to {epochs - 1} and steps 0 to {steps - 1}. Fix: pass the"
+            " epoch and step that fit_resumable gives the dataset function."
         )
-        missing = steps * batch_size - len(rows)
-        for name, values in arrays.items():
-            fill = pad_token_id if name == "input_ids" else 0  # empty rows: weight 0
-            filler = np.full((missing, *values.shape[1:]), fill, values.dtype)
-            arrays[name] = np.concatenate([values, filler])
-        parts.append(arrays)
-    arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    chosen = range(epochs) if epoch is None else [epoch]
+    parts = [
+        _filled(
+            packed_arrays(
+                input_ids, labels, packings[e], width, max_per_row, pad_token_id, token_type_ids
+            ),
+            steps * batch_size,
+            pad_token_id,
+        )
+        for e in chosen
+    ]
+    first = 0 if epoch is None else skip_steps * batch_size
+    arrays = {k: np.concatenate([p[k] for p in parts])[first:] for k in parts[0]}
     features = {k: v for k, v in arrays.items() if k not in ("labels", "weights")}
     ds = tf.data.Dataset.from_tensor_slices((features, arrays["labels"], arrays["weights"]))
     ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    ds.pack_report = pack_report(lengths, packings[0], width)  # epoch 0's packing
+    ds.pack_report = pack_report(lengths, packings[chosen[0]], width)
     return ds, steps
 
 
@@ -490,6 +515,9 @@ def packed_keras_model(model):
             self.packed = PackedClassifier(inner)
             self.loss_tracker = tf.keras.metrics.Mean("loss")
             self.accuracy = tf.keras.metrics.SparseCategoricalAccuracy("accuracy")
+            # every weight is the wrapped model's, built by PackedClassifier: a checkpoint
+            # (fit_resumable) can be checked against it before the first step
+            self.built = True
 
         @property
         def metrics(self):

@@ -610,3 +610,90 @@ def check_schedule(
             " num_train_steps=total_steps.",
         )
     _ok(exercise, f"0 -> {learning_rate:g} in {warmup} steps, 0 at step {total_steps}")
+
+
+# --- 07 ---------------------------------------------------------------------------------
+def packed_segments() -> np.ndarray:
+    """Segment ids of three packed rows of 10 tokens, as ``packing.packed_arrays`` makes
+    them: 1, 2, ... per example, 0 for padding (a full row, a padded one, one example)."""
+    return np.array(
+        [
+            [1, 1, 1, 2, 2, 3, 3, 3, 3, 3],
+            [1, 1, 2, 2, 2, 2, 3, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0, 0, 0, 0],
+        ],
+        np.int32,
+    )
+
+
+def _answer_array(function: Callable, segments: np.ndarray, exercise: str) -> np.ndarray:
+    got = _learners(function, exercise, segments)
+    return np.asarray(got.numpy() if hasattr(got, "numpy") else got)
+
+
+def check_attention_mask(allowed: Callable, exercise: str = "07.1") -> None:
+    """``allowed(segment_ids)`` gives ``[rows, T, T]`` booleans: query ``i`` may see key
+    ``j`` when both are tokens of the same example (padding is seen by no one)."""
+    from tpu_helpers.packing import same_example
+
+    segments = packed_segments()
+    want = same_example(segments).numpy()
+    got = _answer_array(allowed, segments, exercise)
+    rows, width = segments.shape
+    if got.shape != want.shape:
+        _fail(
+            exercise,
+            f"the mask has shape {list(got.shape)}; it needs one row per query token:"
+            f" [rows, T, T] = {[rows, width, width]} (compare segment_ids[:, :, None] with"
+            " segment_ids[:, None, :]).",
+        )
+    got = got.astype(bool)
+    wrong = np.argwhere(got != want)
+    if len(wrong):
+        r, i, j = (int(v) for v in wrong[0])
+        qi, kj = int(segments[r, i]), int(segments[r, j])
+        if want[r, i, j]:
+            why = "tokens of the same example must see each other"
+        elif kj == 0:
+            why = "a padding key must be hidden (segment 0): and-combine with segment_ids > 0"
+        else:
+            why = "tokens of different examples must not see each other"
+        _fail(
+            exercise,
+            f"row {r}, query {i} (segment {qi}) and key {j} (segment {kj}): the mask says"
+            f" {bool(got[r, i, j])}, but {why}. {len(wrong)} of {got.size} entries differ.",
+        )
+    _ok(exercise, "each token sees exactly the tokens of its own example")
+
+
+def check_restarted_positions(positions: Callable, exercise: str = "07.2") -> None:
+    """``positions(segment_ids)`` gives each token's position inside its example (0 at
+    every example's first token) and 0 on padding: what ``packed_arrays`` makes."""
+    segments = packed_segments()
+    want = np.zeros_like(segments)
+    for r, row in enumerate(segments):
+        for i in range(1, len(row)):
+            want[r, i] = want[r, i - 1] + 1 if row[i] == row[i - 1] and row[i] > 0 else 0
+    got = _answer_array(positions, segments, exercise)
+    if got.shape != want.shape:
+        _fail(exercise, f"the positions have shape {list(got.shape)}, not {list(want.shape)}.")
+    if np.array_equal(got, np.broadcast_to(np.arange(segments.shape[1]), segments.shape)):
+        _fail(
+            exercise,
+            "positions count along the whole row: they must restart at 0 at each example,"
+            " as if it were alone (the model learned positions of single sentences).",
+        )
+    wrong = np.argwhere(got != want)
+    if len(wrong):
+        r, i = (int(v) for v in wrong[0])
+        hint = (
+            " Padding (segment 0) gets position 0."
+            if segments[r, i] == 0
+            else " The first token of each example is at 0."
+        )
+        _fail(
+            exercise,
+            f"row {r}, token {i} (segment {int(segments[r, i])}): position {int(got[r, i])},"
+            f" not {int(want[r, i])}.{hint}",
+        )
+    _ok(exercise, "positions restart at 0 at every example")
