@@ -74,14 +74,14 @@ def test_readme_table_is_generated_from_the_notebooks():
 
 
 def test_every_page_names_the_runtimes_tpus_as_runtime_py_does():
-    """Kaggle's TPU is a v5e-8 (it was a v3-8): the notebooks, the README and the teaching
-    page say so, from one source, tpu_helpers.runtime.TPU_OFFERS."""
+    """Kaggle's TPU is a v5e-8 (it was a v3-8): the notebooks, the README and the pages of
+    docs/ say so, from one source, tpu_helpers.runtime.TPU_OFFERS."""
     import re
 
     from tpu_helpers.runtime import TPU_OFFERS
 
     kaggle = re.search(r"v\d+[a-z]*-\d+", TPU_OFFERS["Kaggle"]).group(0)
-    pages = [ROOT / "README.md", ROOT / "docs" / "teaching.md"]
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
     pages += sorted((ROOT / "notebooks").glob("*.ipynb"))
     for page in pages:
         text = page.read_text()
@@ -91,3 +91,32 @@ def test_every_page_names_the_runtimes_tpus_as_runtime_py_does():
     for page in (ROOT / "notebooks" / "00_setup_and_connect.ipynb", ROOT / "docs" / "teaching.md"):
         text = page.read_text()
         assert all(offer in text for offer in TPU_OFFERS.values()), page.name
+
+
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_relative_links_of_the_pages_resolve(page):
+    """Every link to a file of the repository (and to a heading of a page) leads there."""
+    import re
+
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        assert linked.exists(), (page.name, target)
+        if anchor and linked.suffix == ".md":
+            headings = re.findall(r"(?m)^#+ (.+)$", linked.read_text())
+            slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+            assert anchor in slugs, (page.name, target)
+
+
+def test_the_readme_is_a_first_page():
+    """What this is, the notebooks, the two commands, where to read more: the rest is in
+    docs/ and CONTRIBUTING.md."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= 8 * 1024, len(text.encode())
+    for heading in ("## Notebooks", "## The two commands", "## Read more"):
+        assert heading in text

@@ -45,26 +45,16 @@ def notebook_rows() -> list[tuple[str, str, str]]:
     return rows
 
 
-def open_in(path: str) -> str:
-    colab, kaggle = badges(path)
-    return (
-        f"[![Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab})"
-        f" [![Kaggle](https://kaggle.com/static/images/open-in-kaggle.svg)]({kaggle})"
-    )
-
-
 def table() -> str:
     """One row per notebook: the solution and its exercise edition (notebooks/exercises/,
-    written by tools/exercises.py), each with its Colab and Kaggle badges."""
-    out = [
-        "| notebook | what you learn | open | exercises |",
-        "|---|---|---|---|",
-    ]
-    for path, title, summary in notebook_rows():
+    written by tools/exercises.py), each with its Colab link (the notebooks' first cells
+    carry the Colab and Kaggle buttons)."""
+    out = ["| notebook | exercise edition |", "|---|---|"]
+    for path, title, _ in notebook_rows():
         exercises = path.replace("notebooks/", "notebooks/exercises/", 1)
         out.append(
-            f"| [{title}]({path}) | {summary} | {open_in(path)} |"
-            f" [exercises]({exercises}) {open_in(exercises)} |"
+            f"| [{title}]({path}) ([Colab]({badges(path)[0]})) |"
+            f" [exercises]({exercises}) ([Colab]({badges(exercises)[0]})) |"
         )
     return "\n".join(out)
 
