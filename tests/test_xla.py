@@ -433,3 +433,33 @@ def test_preflight_takes_a_model_compiled_with_a_loss_by_name():
     model.compile(loss="sparse_categorical_crossentropy")
     report = xla.preflight(model, token_batches(), Replicas(8), raise_on_failure=False)
     assert report.ok, str(report)
+
+
+def test_preflight_error_carries_its_report_and_replicas_need_no_strategy():
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    data = tf.data.Dataset.from_tensor_slices((tf.zeros([60, 4]), tf.zeros([60], tf.int32))).batch(
+        30
+    )  # a batch of 30 for 8 replicas, and no static batch size
+    with pytest.raises(xla.PreflightError) as caught:
+        xla.preflight(model, data, replicas=8, compile_step=False)
+    failed = {check.name for check in caught.value.report.failures}
+    assert failed == {"static batch size", "batch divides across replicas"}
+    assert str(caught.value) == str(caught.value.report)
+    ok = xla.preflight(
+        model, data.unbatch().batch(16, drop_remainder=True), replicas=8, compile_step=False
+    )
+    assert ok.ok and ok["batch divides across replicas"].status == "PASS"
+
+
+def test_try_compile_prints_the_rule_a_failed_compilation_breaks(capsys):
+    @tf.autograph.experimental.do_not_convert
+    def python_if(x):
+        if tf.reduce_sum(x) > 0:
+            return x
+        return -x
+
+    assert not xla.try_compile(python_if, tf.constant([1.0]))
+    said = capsys.readouterr().out
+    assert "rule 1, no Python `if`/`while` on a tensor's value" in said and "-> fix:" in said
+    assert xla.try_compile(lambda x: tf.where(tf.reduce_sum(x) > 0, x, -x), tf.constant([1.0]))

@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import tpu_helpers._env  # noqa: F401
-from tpu_helpers.checks import FAIL, PASS, SKIP, WARN, Check
+from tpu_helpers.checks import FAIL, PASS, SKIP, WARN, Check, first_line
 from tpu_helpers.metrics import logits_of
 from tpu_helpers.validate import check_positive
 
@@ -250,6 +250,33 @@ def compile_and_run(function, *args):
         return step(*args)
 
 
+def explain_error(error: BaseException) -> str:
+    """An error raised while compiling, as three lines: its first line, the rule it
+    breaks (with the offending op when named) and the fix."""
+    rule, op, fix = translate_xla_error(error)
+    return (
+        f"{type(error).__name__}: {first_line(error, 200)}\n  -> {rule}"
+        + (f" (op {op})" if op else "")
+        + f"\n  -> fix: {fix}"
+    )
+
+
+def try_compile(function, *args) -> bool:
+    """``compile_and_run`` that prints what happened instead of raising: the result (its
+    value, or its shape), "compiled" where programs are only built here, or the compile
+    error explained (``explain_error``). Returns whether it compiled."""
+    try:
+        out = compile_and_run(function, *args)
+    except Exception as err:  # noqa: BLE001  (showing the error is the point)
+        print(explain_error(err))
+        return False
+    if out is None:
+        print("compiled (for the TPU compiler; not run here)")
+    else:
+        print("compiled:", out.numpy() if out.shape.rank == 0 else out.shape)
+    return True
+
+
 def tracing_count(function) -> int:
     """Times a ``tf.function`` was traced.
 
@@ -274,7 +301,12 @@ def tracing_count(function) -> int:
 
 # --- preflight -------------------------------------------------------------------------
 class PreflightError(RuntimeError):
-    """A preflight check failed; the message is the whole report."""
+    """A preflight check failed; the message is the whole report, and ``report`` the
+    ``PreflightReport`` (``report.failures``: the checks that failed)."""
+
+    def __init__(self, report: PreflightReport):
+        super().__init__(str(report))
+        self.report = report
 
 
 @dataclass(frozen=True)
@@ -564,6 +596,115 @@ def _shapes_of(element) -> tuple:
     return tuple(tuple(t.shape) for t in tf.nest.flatten(element))
 
 
+def _not_batched_check(specs) -> Check | None:
+    """FAIL when elements are single examples (a label is a scalar): every other check
+    would read the sequence length as the batch size."""
+    scalars = [s for s in specs if s.shape.rank == 0]
+    if not scalars:
+        return None
+    return Check(
+        "batched",
+        FAIL,
+        f"elements are single examples ({len(scalars)} scalar component(s), such as the"
+        " label): the dataset is not batched",
+        "dataset.batch(global_batch, drop_remainder=True) before preflight and training"
+        " (or text.make_text_dataset / records.read_records)",
+    )
+
+
+def _static_batch_check(specs) -> Check:
+    unknown = [s for s in specs if s.shape.rank and s.shape[0] is None]
+    return Check(
+        "static batch size",
+        FAIL if unknown else PASS,
+        "the batch dimension is unknown (a last, smaller batch is possible)"
+        if unknown
+        else "every batch has the same number of rows",
+        "batch with drop_remainder=True (or fill the last batch, as text.batch_plan does)",
+    )
+
+
+def _replicas_check(taken, replicas: int) -> Check:
+    import tensorflow as tf
+
+    sizes = sorted({int(tf.nest.flatten(b)[0].shape[0]) for b in taken})
+    bad = [n for n in sizes if n % replicas]
+    return Check(
+        "batch divides across replicas",
+        FAIL if bad else PASS,
+        f"global batch {sizes if len(sizes) > 1 else sizes[0]} over {replicas} replicas"
+        + (f": {bad[0]} % {replicas} = {bad[0] % replicas}" if bad else ""),
+        f"a global batch that is a multiple of {replicas}: per-replica batch x {replicas}"
+        " (text.global_batch_size)",
+    )
+
+
+def _dtypes_check(specs) -> Check:
+    import tensorflow as tf
+
+    bad = sorted({s.dtype.name for s in specs if s.dtype in (tf.string, tf.float64)})
+    return Check(
+        "dtypes",
+        FAIL if bad else PASS,
+        f"{bad} reach the model" if bad else f"{sorted({s.dtype.name for s in specs})}",
+        "strings: tokenize/decode in the pipeline; float64: cast to float32 (or bfloat16)",
+    )
+
+
+def _shape_checks(taken, max_shapes: int, max_padding: float) -> list[Check]:
+    report = shape_report(taken, n=len(taken))
+    checks = [
+        Check(
+            "few input shapes",
+            FAIL if report.distinct > max_shapes else PASS,
+            f"{report.distinct} distinct shape(s) in the first {report.batches} batches;"
+            " each one is a separate XLA compilation",
+            f"pad to at most {max_shapes} fixed widths (text.padding_boundaries(lengths,"
+            " 'buckets')) instead of padding each batch to its longest row",
+        )
+    ]
+    if report.padding_fraction is not None:
+        checks.append(
+            Check(
+                "padding",
+                WARN if report.padding_fraction > max_padding else PASS,
+                f"{report.padding_fraction:.0%} of the input tokens are padding",
+                "choose the widths from the length histogram (text.choose_boundaries)",
+            )
+        )
+    return checks
+
+
+def _strategy_note(model) -> list[Check]:
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in STRATEGY_DEPENDENT:
+        return []
+    return [
+        Check(
+            "same program under TPUStrategy",
+            WARN,
+            f"not certified: {STRATEGY_DEPENDENT[model_type]}; the step above was compiled"
+            " without a strategy",
+            "the first steps on the TPU decide: run a few with a small batch first",
+        )
+    ]
+
+
+def _check_preflight_call(dataset, batches: int) -> None:
+    import tensorflow as tf
+
+    check_positive(batches=batches)
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            f"preflight needs a tf.data.Dataset, got {type(dataset).__name__}. Fix: pass the"
+            " dataset before strategy.experimental_distribute_dataset / distribute_*."
+        )
+    if tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy():
+        raise RuntimeError(
+            "preflight builds a one-device copy of the model: call it outside strategy.scope()."
+        )
+
+
 def preflight(
     model,
     dataset,
@@ -574,14 +715,16 @@ def preflight(
     compile_step: bool = True,
     train_step=None,
     raise_on_failure: bool = True,
+    replicas: int | None = None,
 ) -> PreflightReport:
     """Check a model and a ``tf.data`` dataset against what a TPU needs, on any machine.
 
     Reads the first ``batches`` batches and checks: the batch dimension is static
-    (``drop_remainder=True``); the global batch divides across ``strategy``'s replicas;
-    dtypes a TPU takes (no strings, no float64); how many distinct input shapes there are
-    (each is one XLA compilation; more than ``max_shapes`` fails) and the padding share;
-    and, with ``compile_step``, that one training step (``model``'s loss, or your own
+    (``drop_remainder=True``); the global batch divides across the replicas (of
+    ``strategy``, or ``replicas`` to check for a TPU from elsewhere); dtypes a TPU takes
+    (no strings, no float64); how many distinct input shapes there are (each is one XLA
+    compilation; more than ``max_shapes`` fails) and the padding share; and, with
+    ``compile_step``, that one training step (``model``'s loss, or your own
     ``train_step(features, labels, weights)``) compiles with ``jit_compile=True`` where
     ``xla_target()`` says (one CPU device with the CPU build, the TPU once connected, the
     TPU compiler without a device in the ``tensorflow-tpu`` build off a TPU, where the step
@@ -590,119 +733,32 @@ def preflight(
     nothing can compile, the check says SKIP and why.
 
     Prints nothing; returns the report (``str(report)`` is the PASS/FAIL listing) and,
-    with ``raise_on_failure``, raises ``PreflightError`` carrying it when a check fails.
-    Call it outside ``strategy.scope()``; pass the dataset before ``strategy``
-    distributes it.
+    with ``raise_on_failure``, raises ``PreflightError`` carrying it (``error.report``)
+    when a check fails. Call it outside ``strategy.scope()``; pass the dataset before
+    ``strategy`` distributes it.
     """
     import tensorflow as tf
 
-    if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(
-            f"preflight needs a tf.data.Dataset, got {type(dataset).__name__}. Fix: pass the"
-            " dataset before strategy.experimental_distribute_dataset / distribute_*."
-        )
-    if tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy():
-        raise RuntimeError(
-            "preflight builds a one-device copy of the model: call it outside strategy.scope()."
-        )
-    checks: list[Check] = []
+    _check_preflight_call(dataset, batches)
     specs = tf.nest.flatten(dataset.element_spec)
-    scalars = [s for s in specs if s.shape.rank == 0]
-    if scalars:
-        # one example per element (a label is a scalar): every other check would read the
-        # sequence length as the batch size
-        result = PreflightReport(
-            (
-                Check(
-                    "batched",
-                    FAIL,
-                    f"elements are single examples ({len(scalars)} scalar component(s), such"
-                    " as the label): the dataset is not batched",
-                    "dataset.batch(global_batch, drop_remainder=True) before preflight and"
-                    " training (or text.make_text_dataset / records.read_records)",
-                ),
-            )
-        )
-        if raise_on_failure:
-            raise PreflightError(str(result))
-        return result
-    unknown_batch = [s for s in specs if s.shape.rank and s.shape[0] is None]
-    checks.append(
-        Check(
-            "static batch size",
-            FAIL if unknown_batch else PASS,
-            "the batch dimension is unknown (a last, smaller batch is possible)"
-            if unknown_batch
-            else "every batch has the same number of rows",
-            "batch with drop_remainder=True (or fill the last batch, as text.batch_plan does)",
-        )
-    )
-    taken = list(dataset.take(batches))
-    if not taken:
-        raise ValueError("The dataset is empty. Fix: check its source.")
-    rows = int(tf.nest.flatten(taken[0])[0].shape[0])
-    if strategy is not None:
-        replicas = strategy.num_replicas_in_sync
-        sizes = sorted({int(tf.nest.flatten(b)[0].shape[0]) for b in taken})
-        bad = [n for n in sizes if n % replicas]
-        checks.append(
-            Check(
-                "batch divides across replicas",
-                FAIL if bad else PASS,
-                f"global batch {sizes if len(sizes) > 1 else rows} over {replicas} replicas"
-                + (f": {bad[0]} % {replicas} = {bad[0] % replicas}" if bad else ""),
-                f"a global batch that is a multiple of {replicas}: per-replica batch x"
-                f" {replicas} (text.global_batch_size)",
-            )
-        )
-    bad_dtypes = sorted({f"{s.dtype.name}" for s in specs if s.dtype in (tf.string, tf.float64)})
-    checks.append(
-        Check(
-            "dtypes",
-            FAIL if bad_dtypes else PASS,
-            f"{bad_dtypes} reach the model"
-            if bad_dtypes
-            else f"{sorted({s.dtype.name for s in specs})}",
-            "strings: tokenize/decode in the pipeline; float64: cast to float32 (or bfloat16)",
-        )
-    )
-    report = shape_report(taken, n=len(taken))
-    checks.append(
-        Check(
-            "few input shapes",
-            FAIL if report.distinct > max_shapes else PASS,
-            f"{report.distinct} distinct shape(s) in the first {report.batches} batches;"
-            " each one is a separate XLA compilation",
-            f"pad to at most {max_shapes} fixed widths (text.padding_boundaries(lengths,"
-            " 'buckets')) instead of padding each batch to its longest row",
-        )
-    )
-    checks.extend(_position_checks(model, taken))
-    if report.padding_fraction is not None:
-        checks.append(
-            Check(
-                "padding",
-                WARN if report.padding_fraction > max_padding else PASS,
-                f"{report.padding_fraction:.0%} of the input tokens are padding",
-                "choose the widths from the length histogram (text.choose_boundaries)",
-            )
-        )
-    if compile_step:
-        checks.extend(_compile_checks(model, taken, train_step))
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
-        if model_type in STRATEGY_DEPENDENT:
-            checks.append(
-                Check(
-                    "same program under TPUStrategy",
-                    WARN,
-                    f"not certified: {STRATEGY_DEPENDENT[model_type]}; the step above was"
-                    " compiled without a strategy",
-                    "the first steps on the TPU decide: run a few with a small batch first",
-                )
-            )
+    checks = [c for c in [_not_batched_check(specs)] if c is not None]
+    if not checks:
+        taken = list(dataset.take(batches))
+        if not taken:
+            raise ValueError("The dataset is empty. Fix: check its source.")
+        replicas = strategy.num_replicas_in_sync if strategy is not None else replicas
+        checks.append(_static_batch_check(specs))
+        if replicas:
+            checks.append(_replicas_check(taken, replicas))
+        checks.append(_dtypes_check(specs))
+        checks.extend(_shape_checks(taken, max_shapes, max_padding))
+        checks.extend(_position_checks(model, taken))
+        if compile_step:
+            checks.extend(_compile_checks(model, taken, train_step))
+            checks.extend(_strategy_note(model))
     result = PreflightReport(tuple(checks))
     if raise_on_failure and not result.ok:
-        raise PreflightError(str(result))
+        raise PreflightError(result)
     return result
 
 
