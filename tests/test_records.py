@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tests.conftest import run_python
 from tpu_helpers import records
-from tpu_helpers.records import RecordsError
+from tpu_helpers.records import RecordsError, encode
 
 
 def _proto(row: dict) -> tf.train.Example:
@@ -41,7 +41,7 @@ def test_encoded_records_equal_protobuf_serialization():
             }
         )
     columns = {
-        name: (lambda c: (c[0], c[2], c[3]))(records._as_column(name, [r[name] for r in rows]))
+        name: (lambda c: (c[0], c[2], c[3]))(encode.as_column(name, [r[name] for r in rows]))
         for name in rows[0]
     }
     encoded = records.encode_examples(columns)
@@ -52,8 +52,8 @@ def test_encoded_records_equal_protobuf_serialization():
 
 def test_varints_match_the_protobuf_rule():
     values = np.array([0, 1, 127, 128, 300, 16383, 16384, 2**21, 2**35, 2**63 - 1, -1])
-    flat, sizes = records._varint_array(values)
-    expected = [records._varint(int(v) & (2**64 - 1)) for v in values]
+    flat, sizes = encode._varint_array(values)
+    expected = [encode._varint(int(v) & (2**64 - 1)) for v in values]
     assert sizes.tolist() == [len(e) for e in expected]
     assert flat.tobytes() == b"".join(expected)
 
