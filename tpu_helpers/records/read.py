@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 import tpu_helpers._env  # noqa: F401
-from tpu_helpers.records.plan import check_for_reading, check_hosts, length_key, plan_reads
+from tpu_helpers.records.plan import (
+    ReadPlan,
+    check_for_reading,
+    check_hosts,
+    length_key,
+    plan_reads,
+)
 from tpu_helpers.records.source import RecordSource, open_records, spec_to_tf
 from tpu_helpers.validate import check_boundaries, check_positive
 
@@ -174,113 +181,164 @@ def read_records(
     check_positive(batch_size=batch_size)
     if not isinstance(source, RecordSource):
         source = open_records(source, spec=spec, on_corrupt=on_corrupt)
-    # 1. check
     check_for_reading(source, label_column, num_labels)
     if boundaries is not None:
         boundaries = check_boundaries(boundaries)
-    pipelines, pipeline, local = 1, 0, 1
-    if input_context is not None:
-        pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
-        local = max(1, input_context.num_replicas_in_sync // pipelines)
+    pipelines, pipeline, local = _pipelines(input_context)
     check_hosts(source, pipelines, shared_filesystem)
-    # 2. which shards this pipeline reads, and the steps of each width
     plan = plan_reads(source, batch_size, boundaries, pipelines, local)
-    if plan.mixed and pipeline == 0:
+    _say_what_the_plan_costs(plan, pipeline, pipelines)
+    if plan.steps_per_epoch == 0:
+        raise ValueError(f"The records make no batch of {batch_size}. Fix: check the source.")
+    if seed is None:
+        seed = 0 if pipelines > 1 else int(np.random.SeedSequence().entropy % 2**31)
+    if parallel_reads is None:
+        parallel_reads = 8 if is_remote(source.shards[0].path) else 1
+    reader = _EpochReader(
+        source, plan, pipeline, local, batch_size, shuffle, seed, shuffle_buffer, parallel_reads
+    )
+    ds = reader.epochs(epoch, repeat)
+    if skip_steps:
+        ds = ds.skip(skip_steps * local)
+    # one parallel map parses the raw batches (once per iterator, not per epoch; skipped
+    # steps are not parsed)
+    parse = _batch_maker(source, batch_size, label_column)
+    ds = ds.map(lambda r, tag: parse(r, *tag), num_parallel_calls=tf.data.AUTOTUNE)
+    if transform is not None:
+        ds = transform(ds)
+    ds = _with_read_options(ds, input_context)
+    ds.steps = plan.steps_per_epoch
+    ds.plan = plan
+    return ds
+
+
+def _pipelines(input_context) -> tuple[int, int, int]:
+    """(input pipelines, this one's index, replicas it feeds)."""
+    if input_context is None:
+        return 1, 0, 1
+    pipelines = input_context.num_input_pipelines
+    local = max(1, input_context.num_replicas_in_sync // pipelines)
+    return pipelines, input_context.input_pipeline_id, local
+
+
+def _say_what_the_plan_costs(plan: ReadPlan, pipeline: int, pipelines: int) -> None:
+    """Print (once, from pipeline 0) what the records' layout costs and how to fix it."""
+    if pipeline != 0:
+        return
+    if plan.mixed:
         print(
             f"records: {len(plan.mixed)} shard(s) hold records of several widths (written"
             " without length groups, or without metadata); their batches are padded to the"
             f" widest of them. Fix: write the records again with write_records (groups by"
             f" length). First: {plan.mixed[0]}"
         )
-    steps = plan.steps_per_epoch
-    if pipelines > 1 and pipeline == 0 and plan.filler_share > 0.25:
+    if pipelines > 1 and plan.filler_share > 0.25:
         print(
             f"records: {plan.filler_share:.0%} of the rows of an epoch are weight-0 fillers:"
             f" some widths have fewer shards than the {pipelines} hosts, whose steps the"
             " others wait through. Fix: write the records with smaller shards"
             f" (write_records(..., shard_records={plan.shard_records_hint()}))."
         )
-    if steps == 0:
-        raise ValueError(f"The records make no batch of {batch_size}. Fix: check the source.")
-    if seed is None:
-        seed = 0 if pipelines > 1 else int(np.random.SeedSequence().entropy % 2**31)
-    if parallel_reads is None:
-        parallel_reads = 8 if is_remote(source.shards[0].path) else 1
-    compression = source.compression or ""
-    parse = _batch_maker(source, batch_size, label_column)
-    filler = tf.fill([batch_size], _filler_record(source.features))
-    single = len(plan.widths) == 1
 
-    # 3. per width: this pipeline's shards, shuffled, in batches of serialized records
-    def width_batches(slot: int, e):
+
+@dataclass(frozen=True)
+class _EpochReader:
+    """The raw batches of one pipeline: per width its shards, shuffled, batched as
+    serialized records tagged ``(width, real rows)``; per epoch the widths in the
+    schedule's order, the same on every pipeline."""
+
+    source: RecordSource
+    plan: ReadPlan
+    pipeline: int
+    local: int
+    batch_size: int
+    shuffle: bool
+    seed: int
+    shuffle_buffer: int
+    parallel_reads: int
+
+    def _files(self, names):
+        import tensorflow as tf
+
+        compression = self.source.compression or ""
+        if self.parallel_reads > 1 and int(names.shape[0]) > 1:
+            return tf.data.Dataset.from_tensor_slices(names).interleave(
+                lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+                cycle_length=min(self.parallel_reads, int(names.shape[0])),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
+        return _file_reader(names, compression)
+
+    def width_batches(self, slot: int, e):
+        import tensorflow as tf
+
+        plan, pipeline = self.plan, self.pipeline
         width = tf.constant(plan.widths[slot] or 0, tf.int32)
         paths = plan.files[pipeline][slot]
-        wanted = None if plan.steps is None else int(plan.steps[slot]) * local
+        wanted = None if plan.steps is None else int(plan.steps[slot]) * self.local
+        filler = tf.fill([self.batch_size], _filler_record(self.source.features))
         fillers = tf.data.Dataset.from_tensors((filler, (width, tf.constant(0))))
         if not paths:
             return fillers.repeat(wanted)  # only with several widths
         salt = (pipeline + 1) * 1000 + slot
         names = tf.constant(list(paths))
-        if shuffle:
-            names = tf.random.experimental.stateless_shuffle(names, _epoch_seed(seed, salt, e))
-        if parallel_reads > 1 and len(paths) > 1:
-            ds = tf.data.Dataset.from_tensor_slices(names).interleave(
-                lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
-                cycle_length=min(parallel_reads, len(paths)),
-                num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=True,
-            )
-        else:
-            ds = _file_reader(names, compression)
-        if shuffle:
-            ds = _shuffled(ds, shuffle_buffer, _epoch_seed(seed, salt + 500, e))
-        ds = ds.batch(batch_size)
+        if self.shuffle:
+            names = tf.random.experimental.stateless_shuffle(names, _epoch_seed(self.seed, salt, e))
+        ds = self._files(names)
+        if self.shuffle:
+            ds = _shuffled(ds, self.shuffle_buffer, _epoch_seed(self.seed, salt + 500, e))
+        ds = ds.batch(self.batch_size)
         # each batch carries its width and real rows (-1: all), by zip: no function
         tag = tf.data.Dataset.from_tensors((width, tf.constant(-1))).repeat()
         ds = tf.data.Dataset.zip((ds, tag))
         if wanted is not None:
-            have = -(-int(plan.counts[pipeline, slot]) // batch_size)
+            have = -(-int(plan.counts[pipeline, slot]) // self.batch_size)
             if wanted > have:
                 ds = ds.concatenate(fillers.repeat(wanted - have))
         return ds
 
-    # 4. one epoch: the widths in the order of the schedule, the same on every pipeline
-    def one_epoch(e):
-        parts = [width_batches(i, e) for i in range(len(plan.widths))]
-        if single:
+    def one_epoch(self, e):
+        import tensorflow as tf
+
+        parts = [self.width_batches(i, e) for i in range(len(self.plan.widths))]
+        if len(parts) == 1:
             return parts[0]
-        order = tf.constant(plan.schedule(), tf.int64)
-        if shuffle:
-            order = tf.random.experimental.stateless_shuffle(order, _epoch_seed(seed, 0, e))
-        choice = tf.data.Dataset.from_tensor_slices(tf.repeat(order, local))
+        order = tf.constant(self.plan.schedule(), tf.int64)
+        if self.shuffle:
+            order = tf.random.experimental.stateless_shuffle(order, _epoch_seed(self.seed, 0, e))
+        choice = tf.data.Dataset.from_tensor_slices(tf.repeat(order, self.local))
         return tf.data.Dataset.choose_from_datasets(parts, choice)
 
-    # 5. epochs, resumption, counts; then one parallel map parses the raw batches (once per
-    # iterator, not per epoch; skipped steps are not parsed), options
-    if repeat:
-        ds = tf.data.Dataset.range(epoch, 2**62).flat_map(one_epoch)
-    else:
-        ds = one_epoch(tf.constant(epoch, tf.int64))
+    def epochs(self, epoch: int, repeat: bool):
+        """Epoch ``epoch`` (its length asserted when the counts are known), or with
+        ``repeat`` every epoch from it on."""
+        import tensorflow as tf
+
+        if repeat:
+            return tf.data.Dataset.range(epoch, 2**62).flat_map(self.one_epoch)
+        ds = self.one_epoch(tf.constant(epoch, tf.int64))
+        steps = self.plan.steps_per_epoch
         if steps is not None:
-            ds = ds.apply(tf.data.experimental.assert_cardinality(steps * local))
-    if skip_steps:
-        ds = ds.skip(skip_steps * local)
-    ds = ds.map(lambda r, tag: parse(r, *tag), num_parallel_calls=tf.data.AUTOTUNE)
+            ds = ds.apply(tf.data.experimental.assert_cardinality(steps * self.local))
+        return ds
+
+
+def _with_read_options(ds, input_context):
+    """No auto-sharding where each pipeline reads its own shards (by file otherwise), no
+    static rewrites (the parse map is parallel and the end prefetched already; running
+    tf.data's rewrites costs every new iterator, each epoch of fit, time that grows with
+    the graph), then a prefetch."""
+    import tensorflow as tf
+
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.OFF
         if input_context is not None
         else tf.data.experimental.AutoShardPolicy.FILE
     )
-    # The parse map is parallel and the end prefetched already; running tf.data's static
-    # rewrites costs every new iterator (each epoch of fit) time that grows with the graph.
     options.experimental_optimization.apply_default_optimizations = False
-    if transform is not None:
-        ds = transform(ds)
-    ds = ds.with_options(options).prefetch(tf.data.AUTOTUNE)
-    ds.steps = steps
-    ds.plan = plan
-    return ds
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
 def distribute_records(strategy, source, per_replica_batch: int, **kwargs):
