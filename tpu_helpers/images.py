@@ -90,68 +90,8 @@ class ImageSpec:
         EfficientFormer, MobileViT, Segformer). A step it cannot reproduce raises
         ``ValueError`` naming the step; nothing is left out silently."""
         name = type(processor).__name__
-        on = sorted(k for k, v in vars(processor).items() if k.startswith("do_") and v is True)
-        unknown = [k for k in on if k not in _STEPS]
-        if unknown:
-            raise ValueError(
-                f"{name} applies {unknown}, which the tf.data pipeline does not reproduce."
-                " Fix: turn it off on the processor if the model does not need it, or"
-                " preprocess with the processor itself (slower)."
-            )
-        code = getattr(processor, "resample", 2)
-        code = int(getattr(code, "value", code))
-        if code not in _RESAMPLE:
-            raise ValueError(
-                f"{name} resizes with PIL's {_RESAMPLE_NAMES.get(code, code)} filter, which"
-                " tf.image.resize does not have. Fix: set processor.resample to BILINEAR or"
-                " BICUBIC, or preprocess with the processor itself."
-            )
-        size = dict(processor.size or {})
-        crop = dict(getattr(processor, "crop_size", None) or {})
-        do_crop = bool(getattr(processor, "do_center_crop", False))
-        resize = shortest = None
-        if not getattr(processor, "do_resize", True):
-            raise ValueError(
-                f"{name} does not resize (do_resize=False): images keep their own sizes,"
-                " which a TPU batch cannot hold. Fix: processor.do_resize = True."
-            )
-        if name.startswith("ConvNext") and "shortest_edge" in size:
-            edge = int(size["shortest_edge"])
-            if edge < 384:  # shorter side to edge / crop_pct, then the center edge x edge
-                shortest = int(edge / float(processor.crop_pct))
-                height = width = edge
-                do_crop, crop = True, {"height": edge, "width": edge}
-            else:  # warped to a square, no crop
-                height = width = edge
-        elif "height" in size and "width" in size:
-            resize = (int(size["height"]), int(size["width"]))
-            height, width = resize
-        elif set(size) == {"shortest_edge"}:
-            shortest = int(size["shortest_edge"])
-            height = width = shortest
-            if not do_crop:
-                raise ValueError(
-                    f"{name} resizes the shorter side to {shortest} and keeps the aspect ratio"
-                    " without cropping: images of different shapes cannot share a batch."
-                    " Fix: processor.do_center_crop = True with a crop_size, or a size with"
-                    " height and width."
-                )
-        else:
-            raise ValueError(
-                f"{name} has size {size}, which the pipeline does not reproduce (it takes"
-                " height/width or shortest_edge)."
-            )
-        if do_crop:
-            if "height" not in crop:
-                raise ValueError(f"{name} center-crops but has no crop_size height/width.")
-            height, width = int(crop["height"]), int(crop.get("width", crop["height"]))
-            before = (shortest, shortest) if shortest else resize or (height, width)
-            if before[0] < height or before[1] < width:
-                raise ValueError(
-                    f"{name} crops {height}x{width} out of a {before[0]}x{before[1]} resize,"
-                    " which pads with zeros; the pipeline does not. Fix: a crop_size no"
-                    " larger than the resize size."
-                )
+        code = _resample_code(processor, name)
+        height, width, resize, shortest, do_crop = _geometry(processor, name)
         do_rescale = getattr(processor, "do_rescale", True)
         mean = getattr(processor, "image_mean", None) or (0.0, 0.0, 0.0)
         std = getattr(processor, "image_std", None) or (1.0, 1.0, 1.0)
@@ -168,6 +108,78 @@ class ImageSpec:
             resample=_RESAMPLE[code],
             flip_channels=bool(getattr(processor, "do_flip_channel_order", False)),
         )
+
+
+def _resample_code(processor, name: str) -> int:
+    """PIL's code of the processor's resize filter, after checking that every step the
+    processor applies is one the pipeline reproduces."""
+    on = sorted(k for k, v in vars(processor).items() if k.startswith("do_") and v is True)
+    unknown = [k for k in on if k not in _STEPS]
+    if unknown:
+        raise ValueError(
+            f"{name} applies {unknown}, which the tf.data pipeline does not reproduce."
+            " Fix: turn it off on the processor if the model does not need it, or"
+            " preprocess with the processor itself (slower)."
+        )
+    if not getattr(processor, "do_resize", True):
+        raise ValueError(
+            f"{name} does not resize (do_resize=False): images keep their own sizes,"
+            " which a TPU batch cannot hold. Fix: processor.do_resize = True."
+        )
+    code = getattr(processor, "resample", 2)
+    code = int(getattr(code, "value", code))
+    if code not in _RESAMPLE:
+        raise ValueError(
+            f"{name} resizes with PIL's {_RESAMPLE_NAMES.get(code, code)} filter, which"
+            " tf.image.resize does not have. Fix: set processor.resample to BILINEAR or"
+            " BICUBIC, or preprocess with the processor itself."
+        )
+    return code
+
+
+def _geometry(processor, name: str):
+    """``(height, width, resize, shortest_edge, crop)`` of the processor's resize and
+    center crop: ``resize`` a fixed (height, width), or ``shortest_edge`` the shorter
+    side's length keeping the aspect ratio."""
+    size = dict(processor.size or {})
+    crop = dict(getattr(processor, "crop_size", None) or {})
+    do_crop = bool(getattr(processor, "do_center_crop", False))
+    resize = shortest = None
+    if name.startswith("ConvNext") and "shortest_edge" in size:
+        edge = height = width = int(size["shortest_edge"])
+        if edge < 384:  # shorter side to edge / crop_pct, then the center edge x edge
+            shortest = int(edge / float(processor.crop_pct))
+            do_crop, crop = True, {"height": edge, "width": edge}
+        # else: warped to a square, no crop
+    elif "height" in size and "width" in size:
+        resize = (int(size["height"]), int(size["width"]))
+        height, width = resize
+    elif set(size) == {"shortest_edge"}:
+        shortest = height = width = int(size["shortest_edge"])
+        if not do_crop:
+            raise ValueError(
+                f"{name} resizes the shorter side to {shortest} and keeps the aspect ratio"
+                " without cropping: images of different shapes cannot share a batch."
+                " Fix: processor.do_center_crop = True with a crop_size, or a size with"
+                " height and width."
+            )
+    else:
+        raise ValueError(
+            f"{name} has size {size}, which the pipeline does not reproduce (it takes"
+            " height/width or shortest_edge)."
+        )
+    if do_crop:
+        if "height" not in crop:
+            raise ValueError(f"{name} center-crops but has no crop_size height/width.")
+        height, width = int(crop["height"]), int(crop.get("width", crop["height"]))
+        before = (shortest, shortest) if shortest else resize or (height, width)
+        if before[0] < height or before[1] < width:
+            raise ValueError(
+                f"{name} crops {height}x{width} out of a {before[0]}x{before[1]} resize,"
+                " which pads with zeros; the pipeline does not. Fix: a crop_size no"
+                " larger than the resize size."
+            )
+    return height, width, resize, shortest, do_crop
 
 
 def rebase_paths(paths: Sequence[str], base: str, keep: int = 2) -> list[str]:
@@ -605,61 +617,15 @@ def image_dataset(
     labels = check_label_values(labels, num_labels, "labels").astype(np.int32)
     if len(paths) != len(labels):
         raise ValueError(f"{len(paths)} paths but {len(labels)} labels.")
-    if on_error == "raise":
-        missing = missing_files(paths)
-        if missing:
-            raise FileNotFoundError(
-                f"{len(missing)} of {len(paths)} image files do not exist, e.g. {missing[:3]}."
-                " Fix: check the base path (rebase_paths), or on_error='skip'."
-            )
-    else:
-        problems = scan_images(paths, max_pixels)
-        if problems:
-            listed = "\n  ".join(f"{p}: {why}" for p, why in list(problems.items())[:10])
-            print(f"images: skipped {len(problems)} of {len(paths)} files:\n  {listed}")
-            keep = [i for i, p in enumerate(paths) if p not in problems]
-            paths, labels = [paths[i] for i in keep], labels[keep]
+    paths, labels = _usable_files(paths, labels, on_error, max_pixels)
     if len(paths) < batch_size:
         raise ValueError(
             f"{len(paths)} images make no full batch of {batch_size}. Fix: a smaller batch."
         )
-    weights = np.ones(len(paths), np.float32)
-    if not training and len(paths) % batch_size:
-        fill = batch_size - len(paths) % batch_size
-        paths = paths + paths[:fill]
-        labels = np.concatenate([labels, labels[:fill]])
-        weights = np.concatenate([weights, np.zeros(fill, np.float32)])
+    paths, labels, weights = _completed(paths, labels, batch_size, training)
     steps = len(paths) // batch_size
-    if (
-        isinstance(skip_steps, bool)
-        or not isinstance(skip_steps, int)
-        or not 0 <= skip_steps < steps
-    ):
-        raise ValueError(
-            f"skip_steps={skip_steps!r}: an epoch has {steps} batches of {batch_size}, so"
-            f" skip from 0 to {steps - 1}. Fix: resume with the batch size of the run."
-        )
-    jpeg = reduced_decode and _all_jpeg(paths)
-
-    def load(path, label, weight, seed=None):
-        data = tf.io.read_file(path)
-        check = tf.debugging.Assert(
-            _valid(data, jpeg_only=jpeg),
-            [
-                "Not a complete JPEG image:" if jpeg else "Not a complete JPEG/PNG/GIF/BMP image:",
-                path,
-                "Fix: replace the file (every name ends in .jpg, so it must be a JPEG: rename"
-                " a PNG so named), or on_error='skip'."
-                if jpeg
-                else "Fix: replace the file, or on_error='skip'.",
-            ],
-        )
-        with tf.control_dependencies([check]):
-            sized = _size_checks(data, path, max_pixels, jpeg_only=jpeg)
-        with tf.control_dependencies(sized):
-            image = decode_image(data, spec, jpeg, seed)
-        return image, label, weight
-
+    _check_skip_steps(skip_steps, steps, batch_size)
+    load = _loader(spec, reduced_decode and _all_jpeg(paths), max_pixels)
     ds = tf.data.Dataset.from_tensor_slices((paths, labels, weights))
     order_seed = seed + 7919 * epoch  # one shuffle and one augmentation stream per epoch
     skipped = skip_steps * batch_size
@@ -684,6 +650,77 @@ def image_dataset(
                 num_parallel_calls=tf.data.AUTOTUNE,
             )
     return _batches(ds, spec, batch_size, steps - skip_steps, with_weights=not training)
+
+
+def _usable_files(paths: list[str], labels: np.ndarray, on_error: str, max_pixels: int):
+    """``(paths, labels)``: with ``on_error="raise"`` all of them, after checking that the
+    files exist; with ``"skip"`` those that are complete images, the others printed."""
+    if on_error == "raise":
+        missing = missing_files(paths)
+        if missing:
+            raise FileNotFoundError(
+                f"{len(missing)} of {len(paths)} image files do not exist, e.g. {missing[:3]}."
+                " Fix: check the base path (rebase_paths), or on_error='skip'."
+            )
+        return paths, labels
+    problems = scan_images(paths, max_pixels)
+    if not problems:
+        return paths, labels
+    listed = "\n  ".join(f"{p}: {why}" for p, why in list(problems.items())[:10])
+    print(f"images: skipped {len(problems)} of {len(paths)} files:\n  {listed}")
+    keep = [i for i, p in enumerate(paths) if p not in problems]
+    return [paths[i] for i in keep], labels[keep]
+
+
+def _completed(paths: list[str], labels: np.ndarray, batch_size: int, training: bool):
+    """``(paths, labels, weights)``; for evaluation the last batch is completed with
+    copies of the first images, weighted 0."""
+    weights = np.ones(len(paths), np.float32)
+    if training or not len(paths) % batch_size:
+        return paths, labels, weights
+    fill = batch_size - len(paths) % batch_size
+    return (
+        paths + paths[:fill],
+        np.concatenate([labels, labels[:fill]]),
+        np.concatenate([weights, np.zeros(fill, np.float32)]),
+    )
+
+
+def _check_skip_steps(skip_steps, steps: int, batch_size: int) -> None:
+    if (
+        isinstance(skip_steps, bool)
+        or not isinstance(skip_steps, int)
+        or not 0 <= skip_steps < steps
+    ):
+        raise ValueError(
+            f"skip_steps={skip_steps!r}: an epoch has {steps} batches of {batch_size}, so"
+            f" skip from 0 to {steps - 1}. Fix: resume with the batch size of the run."
+        )
+
+
+def _loader(spec: ImageSpec, jpeg: bool, max_pixels: int):
+    """``load(path, label, weight, seed=None)``: the file read, checked (complete, not
+    over ``max_pixels``) and decoded to ``spec`` (augmented with a seed)."""
+    import tensorflow as tf
+
+    broken = (
+        "Fix: replace the file (every name ends in .jpg, so it must be a JPEG: rename a PNG"
+        " so named), or on_error='skip'."
+        if jpeg
+        else "Fix: replace the file, or on_error='skip'."
+    )
+    kind = "Not a complete JPEG image:" if jpeg else "Not a complete JPEG/PNG/GIF/BMP image:"
+
+    def load(path, label, weight, seed=None):
+        data = tf.io.read_file(path)
+        check = tf.debugging.Assert(_valid(data, jpeg_only=jpeg), [kind, path, broken])
+        with tf.control_dependencies([check]):
+            sized = _size_checks(data, path, max_pixels, jpeg_only=jpeg)
+        with tf.control_dependencies(sized):
+            image = decode_image(data, spec, jpeg, seed)
+        return image, label, weight
+
+    return load
 
 
 # --- images as TFRecords ----------------------------------------------------------------

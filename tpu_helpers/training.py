@@ -21,6 +21,7 @@ import tpu_helpers._env  # noqa: F401
 from tpu_helpers.checkpoints import CheckpointMismatchError, RunCheckpoints
 from tpu_helpers.checks import first_line
 from tpu_helpers.metrics import logits_of
+from tpu_helpers.observe import current_learning_rate
 from tpu_helpers.validate import check_positive
 
 __all__ = ["CheckpointMismatchError", "CustomLoop"]
@@ -197,8 +198,6 @@ class CustomLoop:
         """
         import time
 
-        import tensorflow as tf
-
         check_positive(steps_per_epoch=steps_per_epoch, epochs=epochs)
         if checkpoint_every is not None:
             check_positive(checkpoint_every=checkpoint_every)
@@ -207,31 +206,12 @@ class CustomLoop:
         history = []
         for epoch in range(start // steps_per_epoch, epochs):
             done = self.step - epoch * steps_per_epoch
-            started, steps_before = time.perf_counter(), done
-            iterator = iter(train_dataset_fn(epoch, done))
+            started = time.perf_counter()
             self.train_loss.reset_state()
             self.train_accuracy.reset_state()
-            while done < steps_per_epoch:
-                until_checkpoint = checkpoint_every - self.step % checkpoint_every
-                n = min(self.steps_per_call, steps_per_epoch - done, until_checkpoint)
-                try:
-                    self._train_call(iterator, tf.constant(n))
-                except tf.errors.DataLossError as err:
-                    raise tf.errors.DataLossError(
-                        err.node_def,
-                        err.op,
-                        f"A record file of the training data is corrupt ({first_line(err)}),"
-                        f" read in epoch {epoch + 1} after step {self.step}; TensorFlow does not"
-                        " say which file. Fix: records.verify_records(<metadata or folder>)"
-                        " names the shard; copy it again, or read with on_corrupt='skip'."
-                        " The last checkpoint is intact.",
-                    ) from err
-                self._verify_restore()  # variables built by the first step exist now
-                done += n
-                if self.checkpoints and (
-                    self.step % checkpoint_every == 0 or done == steps_per_epoch
-                ):
-                    log(f"checkpoint step {self.step}: {self.checkpoints.save()}")
+            self._train_epoch(
+                train_dataset_fn(epoch, done), epoch, done, steps_per_epoch, checkpoint_every, log
+            )
             row = {
                 "epoch": epoch + 1,
                 "step": self.step,
@@ -242,12 +222,9 @@ class CustomLoop:
             if valid_dataset is not None and valid_steps:
                 row.update(self.evaluate(valid_dataset, valid_steps))
             if training_log is not None:
-                from tpu_helpers.observe import current_learning_rate
-
-                share = (steps_per_epoch - steps_before) / steps_per_epoch  # resumed: < 1
-                training_log.write(
-                    epoch, row, seconds, current_learning_rate(self.optimizer), share
-                )
+                share = (steps_per_epoch - done) / steps_per_epoch  # resumed: < 1
+                rate = current_learning_rate(self.optimizer)
+                training_log.write(epoch, row, seconds, rate, share)
             log(
                 " ".join(
                     f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
@@ -257,3 +234,29 @@ class CustomLoop:
         if self.model.variables:
             self._verify_restore()  # also when the checkpoint left nothing to train
         return history
+
+    def _train_epoch(self, dataset, epoch, done, steps_per_epoch, checkpoint_every, log):
+        """The steps of ``epoch`` from ``done`` on, in calls of up to ``steps_per_call``
+        steps that end at every checkpoint step; a checkpoint at those and at the end."""
+        import tensorflow as tf
+
+        iterator = iter(dataset)
+        while done < steps_per_epoch:
+            until_checkpoint = checkpoint_every - self.step % checkpoint_every
+            n = min(self.steps_per_call, steps_per_epoch - done, until_checkpoint)
+            try:
+                self._train_call(iterator, tf.constant(n))
+            except tf.errors.DataLossError as err:
+                raise tf.errors.DataLossError(
+                    err.node_def,
+                    err.op,
+                    f"A record file of the training data is corrupt ({first_line(err)}),"
+                    f" read in epoch {epoch + 1} after step {self.step}; TensorFlow does not"
+                    " say which file. Fix: records.verify_records(<metadata or folder>)"
+                    " names the shard; copy it again, or read with on_corrupt='skip'."
+                    " The last checkpoint is intact.",
+                ) from err
+            self._verify_restore()  # variables built by the first step exist now
+            done += n
+            if self.checkpoints and (self.step % checkpoint_every == 0 or done == steps_per_epoch):
+                log(f"checkpoint step {self.step}: {self.checkpoints.save()}")

@@ -459,13 +459,9 @@ def _split(element):
 
 
 def _compile_checks(model, batches, train_step) -> list[Check]:
-    import numpy as np
-    import tensorflow as tf
-
-    first = batches[0]
-    same = [b for b in batches[1:] if _shapes_of(b) == _shapes_of(first)]
-    # a second batch of the same shapes with other values: rows of the first, reversed
-    second = same[0] if same else tf.nest.map_structure(lambda t: t[::-1], first)
+    """Compile one training step with XLA for two batches of one shape (and run it where
+    XLA runs): does it compile, are its shapes static, is its program independent of the
+    values?"""
     target = xla_target()
     if not target.can_compile:
         return [
@@ -477,78 +473,108 @@ def _compile_checks(model, batches, train_step) -> list[Check]:
                 " (requirements.txt) or the TPU build (tensorflow-tpu)",
             )
         ]
-    where = (
-        f"one device, {target.device}" if target.runs else f"built for {target.platform}, not run"
-    )
+    first, second = _two_batches_of_one_shape(batches)
     try:
         if train_step is None:
-            features = _split(first)[0]
-            copy = _single_device_copy(model, features, target.device or "/CPU:0")
-            loss_fn = _loss_fn(model, copy)
-
-            def train_step(x, *rest):
-                y, w = (list(rest) + [None, None])[:2]
-                with tf.GradientTape() as tape:
-                    out = copy(x, training=True)
-                    logits = logits_of(out)
-                    loss = loss_fn(y, logits, w) if y is not None else tf.reduce_mean(logits)
-                grads = tape.gradient(loss, copy.trainable_variables)
-                return loss, [tf.convert_to_tensor(g) for g in grads if g is not None]
-
-        step = tf.function(train_step, jit_compile=True)
-        hlo_a, hlo_b = compiled_hlo(step, *first), compiled_hlo(step, *second)
-        loss = None
-        if target.runs:
-            with tf.device(target.device):
-                result = step(*first)
-            loss = result[0] if isinstance(result, (tuple, list)) else result
+            train_step = _default_train_step(model, first, target.device or "/CPU:0")
+        hlo_a, hlo_b, loss = _compile_twice(train_step, first, second, target)
     except Exception as err:  # noqa: BLE001  (every compile error is translated and reported)
         rule, op, fix = translate_xla_error(err)
         detail = rule + (f" (op {op})" if op else "")
         return [Check("compiles with XLA", FAIL, detail, fix)]
+    return [
+        _compiled_check(target, loss),
+        _static_shapes_check(hlo_a),
+        _same_program_check(hlo_a, hlo_b),
+    ]
+
+
+def _two_batches_of_one_shape(batches):
+    """The first batch and another of its shapes (or its rows reversed: other values)."""
+    import tensorflow as tf
+
+    first = batches[0]
+    same = [b for b in batches[1:] if _shapes_of(b) == _shapes_of(first)]
+    return first, same[0] if same else tf.nest.map_structure(lambda t: t[::-1], first)
+
+
+def _default_train_step(model, batch, device: str):
+    """A training step of a one-device copy of ``model``: its loss on ``(x, y, w)`` (the
+    mean logit without labels) and the gradients."""
+    import tensorflow as tf
+
+    copy = _single_device_copy(model, _split(batch)[0], device)
+    loss_fn = _loss_fn(model, copy)
+
+    def train_step(x, *rest):
+        y, w = (list(rest) + [None, None])[:2]
+        with tf.GradientTape() as tape:
+            logits = logits_of(copy(x, training=True))
+            loss = loss_fn(y, logits, w) if y is not None else tf.reduce_mean(logits)
+        grads = tape.gradient(loss, copy.trainable_variables)
+        return loss, [tf.convert_to_tensor(g) for g in grads if g is not None]
+
+    return train_step
+
+
+def _compile_twice(train_step, first, second, target):
+    """(HLO for ``first``, HLO for ``second``, the loss of one run on ``first`` where XLA
+    runs, else None)."""
+    import tensorflow as tf
+
+    step = tf.function(train_step, jit_compile=True)
+    hlo_a, hlo_b = compiled_hlo(step, *first), compiled_hlo(step, *second)
+    if not target.runs:
+        return hlo_a, hlo_b, None
+    with tf.device(target.device):
+        result = step(*first)
+    return hlo_a, hlo_b, result[0] if isinstance(result, (tuple, list)) else result
+
+
+def _compiled_check(target, loss) -> Check:
+    import numpy as np
+
     if loss is None:
-        checks = [
-            Check(
-                "compiles with XLA",
-                PASS,
-                f"one training step compiled (jit_compile=True, {where}); {target.note}",
-            )
-        ]
-    else:
-        checks = [
-            Check(
-                "compiles with XLA",
-                PASS if np.all(np.isfinite(loss)) else FAIL,
-                f"one training step compiled and ran (jit_compile=True, {where})",
-                "the loss is not finite: check the labels and the learning setup",
-            )
-        ]
-    dynamic = dynamic_shape_ops(hlo_a)
-    checks.append(
-        Check(
-            "static shapes inside the step",
-            FAIL if dynamic else PASS,
-            f"shapes that depend on values, from ops {dynamic} (rule 2)"
-            if dynamic
-            else "every intermediate shape is fixed",
-            "replace boolean indexing / tf.where(cond) / data-dependent slicing with a 0/1"
-            " mask that keeps the shape (see masked_sparse_crossentropy)",
+        return Check(
+            "compiles with XLA",
+            PASS,
+            f"one training step compiled (jit_compile=True, built for {target.platform}, not"
+            f" run); {target.note}",
         )
+    return Check(
+        "compiles with XLA",
+        PASS if np.all(np.isfinite(loss)) else FAIL,
+        f"one training step compiled and ran (jit_compile=True, one device, {target.device})",
+        "the loss is not finite: check the labels and the learning setup",
     )
-    checks.append(
-        Check(
-            "program independent of the data",
-            PASS if hlo_a == hlo_b else FAIL,
-            "two batches of one shape compile to the same program"
-            if hlo_a == hlo_b
-            else "two batches of one shape compiled to different programs: a tensor value was"
-            " used where XLA needs a constant (a shape, a range, a Python int or if)"
-            " (rules 1 and 2); a TPU would refuse it or recompile for every batch",
-            "derive shapes from static sizes (x.shape), not from values (tf.reduce_sum, ...);"
-            " use tf.where / masks instead of Python control flow on values",
-        )
+
+
+def _static_shapes_check(hlo: str) -> Check:
+    dynamic = dynamic_shape_ops(hlo)
+    return Check(
+        "static shapes inside the step",
+        FAIL if dynamic else PASS,
+        f"shapes that depend on values, from ops {dynamic} (rule 2)"
+        if dynamic
+        else "every intermediate shape is fixed",
+        "replace boolean indexing / tf.where(cond) / data-dependent slicing with a 0/1"
+        " mask that keeps the shape (see masked_sparse_crossentropy)",
     )
-    return checks
+
+
+def _same_program_check(hlo_a: str, hlo_b: str) -> Check:
+    same = hlo_a == hlo_b
+    return Check(
+        "program independent of the data",
+        PASS if same else FAIL,
+        "two batches of one shape compile to the same program"
+        if same
+        else "two batches of one shape compiled to different programs: a tensor value was"
+        " used where XLA needs a constant (a shape, a range, a Python int or if)"
+        " (rules 1 and 2); a TPU would refuse it or recompile for every batch",
+        "derive shapes from static sizes (x.shape), not from values (tf.reduce_sum, ...);"
+        " use tf.where / masks instead of Python control flow on values",
+    )
 
 
 #: Model types whose TensorFlow code takes another path under ``TPUStrategy`` than on the
