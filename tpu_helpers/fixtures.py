@@ -162,15 +162,24 @@ def make_cola_like(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[s
     >>> sorted(rows["train"][0])
     ['idx', 'label', 'sentence']
     """
+    return _labelled_rows(
+        seed,
+        sizes or COLA_SPLITS,
+        0.7,
+        lambda rng, label: {"sentence": cola_like_sentence(rng, bool(label))},
+    )
+
+
+def _labelled_rows(seed: int, sizes: dict[str, int], positive_share: float, columns) -> dict:
+    """Per split, ``n`` rows: a label (1 with probability ``positive_share``), then the
+    text ``columns(rng, label)`` makes for it, and the row's ``idx``."""
     rng = random.Random(seed)
     out = {}
-    for split, n in (sizes or COLA_SPLITS).items():
+    for split, n in sizes.items():
         rows = []
         for idx in range(n):
-            label = int(rng.random() < 0.7)
-            rows.append(
-                {"sentence": cola_like_sentence(rng, bool(label)), "label": label, "idx": idx}
-            )
+            label = int(rng.random() < positive_share)
+            rows.append({**columns(rng, label), "label": label, "idx": idx})
         out[split] = rows
     return out
 
@@ -200,16 +209,12 @@ def make_mrpc_like(seed: int = 0, sizes: dict[str, int] | None = None) -> dict[s
     >>> sorted(make_mrpc_like(sizes={"train": 2})["train"][0])
     ['idx', 'label', 'sentence1', 'sentence2']
     """
-    rng = random.Random(seed)
-    out = {}
-    for split, n in (sizes or MRPC_SPLITS).items():
-        rows = []
-        for idx in range(n):
-            label = int(rng.random() < 0.68)
-            first, second = paraphrase_pair(rng, bool(label))
-            rows.append({"sentence1": first, "sentence2": second, "label": label, "idx": idx})
-        out[split] = rows
-    return out
+    return _labelled_rows(seed, sizes or MRPC_SPLITS, 0.68, _pair_columns)
+
+
+def _pair_columns(rng: random.Random, label: int) -> dict[str, str]:
+    first, second = paraphrase_pair(rng, bool(label))
+    return {"sentence1": first, "sentence2": second}
 
 
 def _card(files: dict[str, str], features_yaml: str, title: str) -> str:
@@ -314,15 +319,7 @@ def train_tokenizer(family: str, corpus: list[str], vocab_size: int = 600):
     """A fast tokenizer of ``family``'s class (``BertTokenizerFast``, ``AlbertTokenizerFast``
     ...) with the tokenizer model, special tokens and pair template of its hub checkpoints,
     trained on ``corpus`` (WordPiece ones cased): loads with ``AutoTokenizer.from_pretrained`` once saved."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+    from tokenizers import models, processors
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
     if family not in TOKENIZER_KINDS:
@@ -332,28 +329,7 @@ def train_tokenizer(family: str, corpus: list[str], vocab_size: int = 600):
     kind, specials, (single, pair) = TOKENIZER_KINDS[family]
     specials = list(specials)
     unk = next(t for t in specials if "unk" in t.lower())
-    if kind == "wordpiece":
-        tok = Tokenizer(models.WordPiece(unk_token=unk))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=False)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials)
-    elif kind == "bpe":
-        tok = Tokenizer(models.BPE(unk_token=unk))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=specials,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        )
-    else:
-        tok = Tokenizer(models.Unigram())
-        tok.pre_tokenizer = pre_tokenizers.Metaspace()
-        tok.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(
-            vocab_size=vocab_size, special_tokens=specials, unk_token=unk
-        )
+    tok, trainer = _untrained_tokenizer(kind, specials, unk, vocab_size)
     tok.train_from_iterator(corpus, trainer)
     if kind == "wordpiece":
         # The trainer numbers tokens of equal frequency in hash order; renumber them
@@ -368,6 +344,41 @@ def train_tokenizer(family: str, corpus: list[str], vocab_size: int = 600):
     tok.post_processor = processors.TemplateProcessing(
         single=single, pair=pair, special_tokens=[(t, ids[t]) for t in used]
     )
+    cls = tokenizer_class_from_name(_FAST_CLASS[family])
+    return cls(tokenizer_object=tok, model_max_length=512, **_special_names(kind, specials, unk))
+
+
+def _untrained_tokenizer(kind: str, specials: list[str], unk: str, vocab_size: int):
+    """``(tokenizer, trainer)`` of a kind: cased ``wordpiece`` (BERT's), byte-level ``bpe``
+    (RoBERTa's) or a ``unigram`` over Metaspace pieces (SentencePiece's)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token=unk))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=False)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        return tok, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials)
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token=unk))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+        return tok, trainer
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    return tok, trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=specials, unk_token=unk
+    )
+
+
+def _special_names(kind: str, specials: list[str], unk: str) -> dict:
+    """The fast tokenizer class's special-token arguments for ``specials``."""
     if "<s>" in specials:
         names = {"bos_token": "<s>", "eos_token": "</s>", "cls_token": "<s>", "sep_token": "</s>"}
         names["pad_token"] = "<pad>"
@@ -376,8 +387,7 @@ def train_tokenizer(family: str, corpus: list[str], vocab_size: int = 600):
     names.update(unk_token=unk, mask_token=specials[-1])
     if kind == "wordpiece":  # cased: the fast classes would lowercase by default
         names["do_lower_case"] = False
-    cls = tokenizer_class_from_name(_FAST_CLASS[family])
-    return cls(tokenizer_object=tok, model_max_length=512, **names)
+    return names
 
 
 _FAST_CLASS = {
