@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         help="notebooks executed at a time (default: one per core, at most 4)",
     )
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: give 1 or more notebooks to execute at a time.")
 
     import tpu_helpers  # noqa: F401  (environment flags)
     from tpu_helpers.fixtures import build_fixtures
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [(nb, name, params) for nb in notebooks for name, params in runs_of(nb)]
     if args.no_variants:
         runs = [run for run in runs if run[1] == run[0].stem]
-    jobs = 1 if args.prepare_only else max(1, min(args.jobs, len(runs)))
+    jobs = 1 if args.prepare_only else min(args.jobs, len(runs))
     calls = [
         dict(
             notebook=str(nb),
@@ -125,17 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         for nb, name, params_file in runs
     ]
     start = time.time()
-    statuses = _run_all(calls, jobs)
+    errors = run_all(calls, jobs)
     executed = [Path(call["target"]) for call in calls]
-    failed = [
-        path.name
-        for path, status in zip(executed, statuses, strict=True)
-        if status.startswith("FAILED")
-    ]
+    failed = [path.name for path, error in zip(executed, errors, strict=True) if error]
     if not args.prepare_only:
         print(f"all {len(runs)} runs: {time.time() - start:.0f} s, {jobs} at a time", flush=True)
-
-    if not args.prepare_only:
         summaries = build_report(executed, build / "report", title="Notebooks on CPU (offline)")
         for s in summaries:
             print(
@@ -146,52 +142,54 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _run_all(calls: list[dict], jobs: int) -> list[str]:
+def run_all(calls: list[dict], jobs: int) -> list[str | None]:
     """Execute the notebooks of ``calls`` (``execute``'s arguments), ``jobs`` at a time, and
-    print a line per run as it ends; their statuses, in the order of ``calls``."""
-    statuses = [""] * len(calls)
+    print a line per run as it ends; per call, in the order of ``calls``, what failed (None
+    for a run that went through)."""
+    errors: list[str | None] = [None] * len(calls)
+
+    def say(done: int, index: int, seconds: float) -> None:
+        status = errors[index] or ("prepared" if calls[index]["prepare_only"] else "ok")
+        name = Path(calls[index]["target"]).name
+        print(f"[{done}/{len(calls)}] {name}: {status} in {seconds:.1f} s", flush=True)
+
     if jobs == 1:  # in this process, with a progress line per notebook
         console = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
         for index, call in enumerate(calls):
             label = f"[{index + 1}/{len(calls)}] {Path(call['target']).name}"
-            statuses[index], seconds = execute(
-                **call, progress=None if call["prepare_only"] else (label, console)
-            )
-            print(f"{label}: {statuses[index]} in {seconds:.1f} s", flush=True)
-        return statuses
+            bar = None if call["prepare_only"] else (label, console)
+            errors[index], seconds = execute(**call, progress=bar)
+            say(index + 1, index, seconds)
+        return errors
     # "spawn": a worker starts as a fresh interpreter, not a copy of this one (which has
     # imported TensorFlow to build the fixtures, and so holds threads a fork would break)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         pending = {pool.submit(execute, **call): index for index, call in enumerate(calls)}
         for done, future in enumerate(as_completed(pending), 1):
-            index = pending[future]
-            statuses[index], seconds = future.result()
-            name = Path(calls[index]["target"]).name
-            print(f"[{done}/{len(calls)}] {name}: {statuses[index]} in {seconds:.1f} s", flush=True)
-    return statuses
+            errors[pending[future]], seconds = future.result()
+            say(done, pending[future], seconds)
+    return errors
 
 
-def execute(notebook, target, parameters, prepare_only, cwd, progress=None) -> tuple[str, float]:
+def execute(
+    notebook, target, parameters, prepare_only, cwd, progress=None
+) -> tuple[str | None, float]:
     """Execute (or with ``prepare_only``, only parametrize) one notebook into ``target``,
-    the kernel's standard error into ``<target stem>.kernel.log``; ``(status, seconds)``.
-    ``progress``: ``(label, stream)`` for a progress line, or None."""
+    the kernel's standard error into ``<target stem>.kernel.log``. ``progress``: ``(label,
+    stream)`` for a progress line, or None. ``(what failed or None, seconds)``."""
     import papermill
 
     start = time.time()
     target = Path(target)
-    bar = (
-        {
-            "desc": progress[0],
-            "file": progress[1],
-            "bar_format": "{desc}: {n_fmt}/{total_fmt} cells, {elapsed}",
-            "mininterval": 2.0,
-            "dynamic_ncols": False,
-            "leave": False,
-        }
-        if progress
-        else False
-    )
+    bar = progress and {
+        "desc": progress[0],
+        "file": progress[1],
+        "bar_format": "{desc}: {n_fmt}/{total_fmt} cells, {elapsed}",
+        "mininterval": 2.0,
+        "dynamic_ncols": False,
+        "leave": False,
+    }
     try:
         with stderr_to(target.with_suffix(".kernel.log")):
             papermill.execute_notebook(
@@ -201,13 +199,13 @@ def execute(notebook, target, parameters, prepare_only, cwd, progress=None) -> t
                 prepare_only=prepare_only,
                 kernel_name="python3",
                 cwd=cwd,
-                progress_bar=bar,
+                progress_bar=bar or False,
                 log_output=False,
             )
-        status = "prepared" if prepare_only else "ok"
     except papermill.PapermillExecutionError as err:
-        status = f"FAILED ({err.ename}: {err.evalue}; kernel log: {target.stem}.kernel.log)"
-    return status, time.time() - start
+        failure = f"FAILED ({err.ename}: {err.evalue}; kernel log: {target.stem}.kernel.log)"
+        return failure, time.time() - start
+    return None, time.time() - start
 
 
 if __name__ == "__main__":

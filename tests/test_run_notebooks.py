@@ -1,0 +1,54 @@
+"""The main job's runner (tools/run_notebooks.py): runs side by side keep their order,
+their failures and their kernel logs."""
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import run_notebooks  # noqa: E402
+
+
+def _notebook(path: Path, source: str) -> str:
+    cell = nbformat.v4.new_code_cell(source)
+    kernel = {"name": "python3", "language": "python", "display_name": "Python 3"}
+    notebook = nbformat.v4.new_notebook(
+        cells=[cell], metadata={"kernelspec": kernel, "language_info": {"name": "python"}}
+    )
+    nbformat.write(notebook, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_runs_report_their_own_failure_in_the_order_given(tmp_path, jobs):
+    sources = {
+        "ok": "print(answer * 2)",
+        "broken": "raise ValueError(f'bad answer {answer}')",
+        "also_ok": "import sys; print('to stderr', file=sys.stderr)",
+    }
+    calls = [
+        dict(
+            notebook=_notebook(tmp_path / f"{name}.in.ipynb", source),
+            target=str(tmp_path / f"{name}.ipynb"),
+            parameters={"answer": 21},
+            prepare_only=False,
+            cwd=str(tmp_path),
+        )
+        for name, source in sources.items()
+    ]
+    errors = run_notebooks.run_all(calls, jobs)
+    assert errors[0] is None and errors[2] is None, errors
+    assert errors[1].startswith("FAILED (ValueError: bad answer 21"), errors[1]
+    assert "broken.kernel.log" in errors[1]
+    executed = nbformat.read(tmp_path / "ok.ipynb", as_version=4)
+    assert executed.cells[-1].outputs[0]["text"] == "42\n"  # the parameter was injected
+    assert (tmp_path / "also_ok.kernel.log").exists()
+
+
+def test_no_jobs_is_refused_with_the_fix(capsys):
+    with pytest.raises(SystemExit):
+        run_notebooks.main(["--jobs", "0"])
+    assert "--jobs 0: give 1 or more" in capsys.readouterr().err
