@@ -365,6 +365,37 @@ def _columns(split) -> list[str]:
     return list(names) if names is not None else list(split)
 
 
+def _checked_lengths(split, label_column: str) -> np.ndarray:
+    """The ``length`` column of a tokenized split with a label column and examples, or a
+    ``ValueError`` that names what is missing and the fix."""
+    missing = [c for c in ("input_ids", "length", label_column) if c not in _columns(split)]
+    if missing:
+        raise ValueError(
+            f"The split has no column {missing[0]!r} (it has {_columns(split)}). Fix:"
+            " text.tokenize(split, tokenizer, max_length) adds input_ids and length; name"
+            " the label column with label_column=."
+        )
+    lengths = np.asarray(split["length"])
+    if not len(lengths):
+        raise ValueError(
+            "The split has no examples. Fix: check the split name and any filter applied to it."
+        )
+    return lengths
+
+
+def _this_pipelines_rows(indices, widths, weights, input_context):
+    """Global steps' ``(indices, widths, weights)`` cut into per-replica batches for the
+    replicas of ``input_context``'s pipeline, in replica order, one width per step."""
+    replicas = input_context.num_replicas_in_sync
+    rows = indices.shape[1] // replicas
+    local = replicas // input_context.num_input_pipelines
+    first = input_context.input_pipeline_id * local
+    steps = len(indices)
+    indices = indices.reshape(steps, replicas, rows)[:, first : first + local].reshape(-1, rows)
+    weights = weights.reshape(steps, replicas, rows)[:, first : first + local].reshape(-1, rows)
+    return indices, np.repeat(widths, local), weights
+
+
 def make_text_dataset(
     split,
     global_batch: int,
@@ -403,40 +434,21 @@ def make_text_dataset(
     import tensorflow as tf
 
     boundaries = check_boundaries(boundaries)
-    missing = [c for c in ("input_ids", "length", label_column) if c not in _columns(split)]
-    if missing:
-        raise ValueError(
-            f"The split has no column {missing[0]!r} (it has {_columns(split)}). Fix:"
-            " text.tokenize(split, tokenizer, max_length) adds input_ids and length; name"
-            " the label column with label_column=."
-        )
-    lengths = np.asarray(split["length"])
-    if not len(lengths):
-        raise ValueError(
-            "The split has no examples. Fix: check the split name and any filter applied to it."
-        )
+    lengths = _checked_lengths(split, label_column)
     # per token columns: input_ids and, for sentence pairs, token_type_ids
     per_token = [c for c in ("input_ids", "token_type_ids") if c in _columns(split)]
     ragged = {c: _ragged(split[c], lengths, boundaries[-1]) for c in per_token}
     labels = tf.constant(check_labels(split[label_column], num_labels, label_column), tf.int32)
-
     plans = [
         batch_plan(lengths, boundaries, global_batch, seed + e, shuffle) for e in range(epochs)
     ]
-    indices = np.concatenate([p[0] for p in plans])
-    widths = np.concatenate([p[1] for p in plans])
-    weights = np.concatenate([p[2] for p in plans])
-    indices, widths, weights = indices[skip_steps:], widths[skip_steps:], weights[skip_steps:]
+    indices, widths, weights = (
+        np.concatenate(part)[skip_steps:] for part in zip(*plans, strict=True)
+    )
     rows = global_batch
     if input_context is not None:
-        replicas = input_context.num_replicas_in_sync
         rows = input_context.get_per_replica_batch_size(global_batch)
-        local = replicas // input_context.num_input_pipelines
-        first = input_context.input_pipeline_id * local
-        steps = len(indices)
-        indices = indices.reshape(steps, replicas, rows)[:, first : first + local].reshape(-1, rows)
-        weights = weights.reshape(steps, replicas, rows)[:, first : first + local].reshape(-1, rows)
-        widths = np.repeat(widths, local)
+        indices, widths, weights = _this_pipelines_rows(indices, widths, weights, input_context)
 
     def gather(idx, width, weight):
         # the batch dimension is static (a TPU needs it); the width is one of boundaries
