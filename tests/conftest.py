@@ -33,3 +33,13 @@ def run_python(
         cwd=ROOT,
         env=full_env,
     )
+
+
+def pytest_collection_finish(session):
+    """Start the install-plan dry runs (a minute or two, much of it on the package index) as
+    soon as the tests are chosen, when a test that reads them is, so the tests before them
+    run meanwhile."""
+    for item in session.items:
+        if "resolved" in getattr(item, "fixturenames", ()):
+            item.module.start_dry_runs()
+            return

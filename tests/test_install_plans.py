@@ -93,19 +93,37 @@ def dry_run(requirements: list[str], python: str, no_deps: bool) -> subprocess.C
     )
 
 
-@pytest.fixture(scope="module")
-def resolved():
-    """Every dry run of every plan, run side by side (each mostly waits on the index)."""
+#: (requirements, Python, no deps) of the plan the old Kaggle notebooks installed, which
+#: cannot be: tensorflow-tpu 2.18 needs a libtpu==2.18.0 that the package index lacks.
+UNINSTALLABLE = (["tensorflow-tpu==2.18.0"], "3.11", False)
+
+_started: dict = {}
+
+
+def start_dry_runs() -> dict:
+    """Every dry run of every plan (and of ``UNINSTALLABLE``), started in the background
+    side by side, once: ``{key: (requirements, future)}``. Together they take a minute or
+    two, much of it on the index, so ``conftest`` starts them when the tests are collected
+    and the tests before these run meanwhile."""
     from concurrent.futures import ThreadPoolExecutor
 
-    jobs = {
-        (name, i): (reqs, python, no_deps)
-        for name, python, facts in RUNTIMES
-        for i, (reqs, no_deps) in enumerate(resolutions(install_commands(facts)))
-    }
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {key: pool.submit(dry_run, *job) for key, job in jobs.items()}
-        return {key: (jobs[key][0], future.result()) for key, future in futures.items()}
+    if not _started:
+        jobs = {
+            (name, i): (reqs, python, no_deps)
+            for name, python, facts in RUNTIMES
+            for i, (reqs, no_deps) in enumerate(resolutions(install_commands(facts)))
+        }
+        jobs[("uninstallable", 0)] = UNINSTALLABLE
+        pool = ThreadPoolExecutor(max_workers=4)
+        _started.update({key: (job[0], pool.submit(dry_run, *job)) for key, job in jobs.items()})
+        pool.shutdown(wait=False)
+    return _started
+
+
+@pytest.fixture(scope="module")
+def resolved():
+    """``{key: (requirements, finished dry run)}`` of ``start_dry_runs``."""
+    return {key: (reqs, future.result()) for key, (reqs, future) in start_dry_runs().items()}
 
 
 @pytest.mark.parametrize("name, python, facts", RUNTIMES, ids=[r[0] for r in RUNTIMES])
@@ -136,10 +154,9 @@ def test_resolutions_keep_no_deps_installs_apart():
     ]
 
 
-def test_a_plan_that_cannot_be_installed_fails_the_dry_run():
-    # What the old Kaggle plan asked for: tensorflow-tpu 2.18 needs a libtpu==2.18.0
-    # that the package index does not have. This is the failure the tests above guard.
-    result = dry_run(["tensorflow-tpu==2.18.0"], "3.11", no_deps=False)
+def test_a_plan_that_cannot_be_installed_fails_the_dry_run(resolved):
+    # This is the failure the tests above guard against.
+    _, result = resolved[("uninstallable", 0)]
     output = result.stdout + result.stderr
     if result.returncode != 0 and UNREACHABLE.search(output):
         pytest.skip("the package index cannot be reached from here")
