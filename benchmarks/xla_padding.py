@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tpu_helpers import text, xla  # noqa: E402  (sets the Keras flag before TF loads)
+from tpu_helpers import text, xla_runs  # noqa: E402  (sets the Keras flag before TF loads)
 
 BATCH = 32
 
@@ -67,7 +67,7 @@ def main() -> None:
         tf.keras.utils.set_random_seed(0)
         model = TFAutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
         optimizer = tf.keras.optimizers.Adam(1e-3)
-        runs.append(xla.train_counting_compiles(model, make(), optimizer, name=name))
+        runs.append(xla_runs.train_counting_compiles(model, make(), optimizer, name=name))
         print(f"{name}: done in {runs[-1].seconds:.1f} s", flush=True)
 
     base = next(r for r in runs if r.name.startswith("(b)"))

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import xla
+from tpu_helpers import xla, xla_runs
 from tpu_helpers.xla import masked_sparse_crossentropy, shape_report, tracing_count
 
 
@@ -296,7 +296,7 @@ def test_train_counting_compiles_counts_one_compilation_per_shape():
     model = tf.keras.Model(
         {"input_ids": inputs, "attention_mask": mask_in}, tf.keras.layers.Dense(2)(x)
     )
-    run = xla.train_counting_compiles(model, ds, tf.keras.optimizers.Adam(1e-3), name="t")
+    run = xla_runs.train_counting_compiles(model, ds, tf.keras.optimizers.Adam(1e-3), name="t")
     assert (run.steps, run.shapes, run.compiles) == (6, 3, 3)
     assert run.tokens == 4 * (8 + 16 + 8 + 24 + 16 + 8) and run.padding_fraction == 0.5
     assert run.steady_real_tokens == 4 * (4 + 8 + 4)  # the steps that reused a program
@@ -365,7 +365,7 @@ def test_train_counting_compiles_refuses_where_steps_cannot_run(monkeypatch):
     compile_only = xla.XlaTarget(None, "TPU", "programs are built for the TPU compiler")
     monkeypatch.setattr(xla, "_TARGET", [compile_only])
     with pytest.raises(xla.XlaUnavailableError, match="TPU compiler.*Fix: run this on a TPU"):
-        xla.train_counting_compiles(tiny_model(), token_batches(), tf.keras.optimizers.Adam())
+        xla_runs.train_counting_compiles(tiny_model(), token_batches(), tf.keras.optimizers.Adam())
 
 
 def test_preflight_names_an_unbatched_dataset():
