@@ -235,48 +235,61 @@ def open_records(
                 " metadata's."
             )
     else:
-        if isinstance(source, str) and tf.io.gfile.isdir(source):
-            pattern = f"{source.rstrip('/')}/*.tfrecord*"
-            files = sorted(tf.io.gfile.glob(pattern))
-        elif isinstance(source, str):
-            pattern, files = source, sorted(tf.io.gfile.glob(source))
-        else:
-            pattern, files = str(list(source)), list(source)
-            absent = [f for f in files if not tf.io.gfile.exists(f)]
-            if absent:
-                raise FileNotFoundError(f"{absent[0]} does not exist. Fix: check the path.")
-        if not files:
-            raise FileNotFoundError(
-                f"No record files match {pattern}. Fix: check the path (gs:// paths need the"
-                " bucket name), or write the records first with write_records."
-            )
-        if spec is None:
-            raise ValueError(
-                f"{pattern} has no metadata file, so the feature spec is unknown. Fix: pass"
-                " spec={'input_ids': {'dtype': 'int64', 'shape': [128]}, ...}."
-            )
-        features = _normalise(spec)
-        shards = [Shard(f, None) for f in files]
+        shards, features = _files_without_metadata(source, spec)
     skipped, lost = [], 0
     if on_corrupt == "skip":
-        good = []
-        for shard in shards:
-            count, problem = shard_problem(shard, compression)
-            if problem:
-                skipped.append(f"{shard.path}: {problem}")
-                lost += shard.num_records if shard.num_records is not None else count
-            else:
-                good.append(Shard(shard.path, count, shard.lengths))
-        if skipped:
-            print(
-                f"records: skipped {len(skipped)} corrupt shard(s), {lost:,} records not read:\n  "
-                + "\n  ".join(skipped)
-            )
-        if not good:
-            raise RecordsError("Every shard is corrupt. Fix: write the records again.")
-        shards = good
+        shards, skipped, lost = _without_corrupt(shards, compression)
     _check_first_record(shards[0].path, features, compression)
     return RecordSource(shards, features, compression, skipped, lost)
+
+
+def _files_without_metadata(source, spec: Mapping | None) -> tuple[list[Shard], dict]:
+    """The shards of a folder, glob or list of record files without metadata, and ``spec``
+    (which is then required) normalised."""
+    import tensorflow as tf
+
+    if isinstance(source, str) and tf.io.gfile.isdir(source):
+        pattern = f"{source.rstrip('/')}/*.tfrecord*"
+        files = sorted(tf.io.gfile.glob(pattern))
+    elif isinstance(source, str):
+        pattern, files = source, sorted(tf.io.gfile.glob(source))
+    else:
+        pattern, files = str(list(source)), list(source)
+        absent = [f for f in files if not tf.io.gfile.exists(f)]
+        if absent:
+            raise FileNotFoundError(f"{absent[0]} does not exist. Fix: check the path.")
+    if not files:
+        raise FileNotFoundError(
+            f"No record files match {pattern}. Fix: check the path (gs:// paths need the"
+            " bucket name), or write the records first with write_records."
+        )
+    if spec is None:
+        raise ValueError(
+            f"{pattern} has no metadata file, so the feature spec is unknown. Fix: pass"
+            " spec={'input_ids': {'dtype': 'int64', 'shape': [128]}, ...}."
+        )
+    return [Shard(f, None) for f in files], _normalise(spec)
+
+
+def _without_corrupt(shards: list[Shard], compression) -> tuple[list[Shard], list[str], int]:
+    """Read every shard once: the readable ones (with their counted records), what was
+    wrong with each of the others, and the records lost with them (printed too)."""
+    skipped, lost, good = [], 0, []
+    for shard in shards:
+        count, problem = shard_problem(shard, compression)
+        if problem:
+            skipped.append(f"{shard.path}: {problem}")
+            lost += shard.num_records if shard.num_records is not None else count
+        else:
+            good.append(Shard(shard.path, count, shard.lengths))
+    if skipped:
+        print(
+            f"records: skipped {len(skipped)} corrupt shard(s), {lost:,} records not read:\n  "
+            + "\n  ".join(skipped)
+        )
+    if not good:
+        raise RecordsError("Every shard is corrupt. Fix: write the records again.")
+    return good, skipped, lost
 
 
 def _normalise(spec: Mapping) -> dict:

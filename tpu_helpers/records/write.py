@@ -246,18 +246,11 @@ def write_records(
     record wider than its own bucket. ``None`` writes records in the order given.
     """
     import tensorflow as tf
-    from tqdm.auto import tqdm
 
     _check_write_options(compression, shard_bytes, shard_records, group_lengths)
     output_dir = output_dir.rstrip("/")
     before = _split_state(output_dir, split)
-    if (before[0] is not None or before[1]) and not overwrite:
-        raise FileExistsError(
-            f"{output_dir} already holds records of split {split!r}"
-            f" ({len(before[1])} shard(s)). Fix: another output_dir or split, or"
-            " overwrite=True to replace them (the old ones stay until the new ones are"
-            " complete)."
-        )
+    _refuse_existing(output_dir, split, before, overwrite)
     # Shards are written into a folder of this writer's own, hidden from readers' globs,
     # and move next to the others only once all of them (and their metadata) exist.
     write_id = uuid.uuid4().hex[:12]
@@ -267,25 +260,8 @@ def write_records(
         total = len(examples)
     shards = _ShardWriter(staging, split, compression, shard_bytes, shard_records)
     info: dict[str, Column] = {}
-    bar = tqdm(total=total, unit="ex", desc=f"write {split}", disable=not progress)
-    written = 0
-    try:
-        for chunk in row_chunks(examples, chunk_size, columns):
-            encoded = _typed_chunk(chunk, info, written)
-            records = encode_examples(encoded)
-            lists = [n for n in encoded if not info[n].scalar]
-            shard_of = shards.write(
-                records, _length_groups(encoded, lists, len(records), group_lengths)
-            )
-            shards.count_lengths(encoded, info, shard_of)
-            written += len(records)
-            bar.update(len(records))
-        shards.close()
-    except BaseException:
-        shards.abort()
-        raise
-    finally:
-        bar.close()
+    rows = row_chunks(examples, chunk_size, columns)
+    written = _write_chunks(rows, shards, info, group_lengths, total, progress)
     if not written:
         _remove_tree(staging)
         raise ValueError(
@@ -308,6 +284,46 @@ def write_records(
         json.dump(metadata, f, indent=1)
     _commit(staging, output_dir, split, before, [s["file"] for s in metadata["shards"]])
     return metadata
+
+
+def _refuse_existing(output_dir: str, split: str, before: tuple, overwrite: bool) -> None:
+    """``FileExistsError`` when ``output_dir`` holds the split already and ``overwrite``
+    was not asked for."""
+    if (before[0] is not None or before[1]) and not overwrite:
+        raise FileExistsError(
+            f"{output_dir} already holds records of split {split!r}"
+            f" ({len(before[1])} shard(s)). Fix: another output_dir or split, or"
+            " overwrite=True to replace them (the old ones stay until the new ones are"
+            " complete)."
+        )
+
+
+def _write_chunks(chunks, shards, info: dict, group_lengths, total, progress: bool) -> int:
+    """Type, encode and write every chunk of rows into ``shards`` (grouped by length),
+    collecting the columns' types and length histograms in ``info``; return the number of
+    records written. On any error, or an interrupt, the shards written so far are removed."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, unit="ex", desc=f"write {shards.split}", disable=not progress)
+    written = 0
+    try:
+        for chunk in chunks:
+            encoded = _typed_chunk(chunk, info, written)
+            records = encode_examples(encoded)
+            lists = [n for n in encoded if not info[n].scalar]
+            shard_of = shards.write(
+                records, _length_groups(encoded, lists, len(records), group_lengths)
+            )
+            shards.count_lengths(encoded, info, shard_of)
+            written += len(records)
+            bar.update(len(records))
+        shards.close()
+    except BaseException:
+        shards.abort()
+        raise
+    finally:
+        bar.close()
+    return written
 
 
 def _commit(staging: str, output_dir: str, split: str, before: tuple, files: list) -> None:
