@@ -174,64 +174,84 @@ def check_compiled(
     """Compiled with Adam at the chosen learning rate (not Keras' default), a loss of class
     ids that takes logits, metrics that count the weight-0 filler rows as nothing and,
     when given, ``steps_per_execution`` steps per call."""
-    import tensorflow as tf
-
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None or getattr(model, "compiled_loss", None) is None:
         _fail(exercise, "the model is not compiled: call model.compile(...).")
-    if "adam" not in type(optimizer).__name__.lower():
-        _fail(
-            exercise,
-            f"the optimizer is {type(optimizer).__name__}; the task asks for Adam, what"
-            " BERT-style models are fine-tuned with: tf.keras.optimizers.Adam(learning_rate=...).",
-        )
+    per_call = getattr(model, "_steps_per_execution", None)
+    per_call = int(per_call.numpy()) if per_call is not None else 1
+    problem = (
+        _optimizer_problem(optimizer, learning_rate)
+        or _loss_problem(getattr(model, "loss", None))  # what was passed to compile
+        or _weighted_metrics_problem(model)
+        or _steps_per_call_problem(per_call, steps_per_execution)
+    )
+    if problem:
+        _fail(exercise, problem)
+    rate = _learning_rate_of(optimizer)
+    _ok(exercise, f"Adam at {rate:g}, loss from logits, weighted metrics, {per_call} steps a call")
+
+
+def _learning_rate_of(optimizer) -> float:
+    import tensorflow as tf
+
     rate = optimizer.learning_rate
-    rate = float(rate(0)) if callable(rate) else float(tf.keras.backend.get_value(rate))
+    return float(rate(0)) if callable(rate) else float(tf.keras.backend.get_value(rate))
+
+
+def _optimizer_problem(optimizer, learning_rate: float) -> str | None:
+    if "adam" not in type(optimizer).__name__.lower():
+        return (
+            f"the optimizer is {type(optimizer).__name__}; the task asks for Adam, what"
+            " BERT-style models are fine-tuned with: tf.keras.optimizers.Adam(learning_rate=...)."
+        )
+    rate = _learning_rate_of(optimizer)
     if not math.isclose(rate, learning_rate, rel_tol=1e-6):
-        _fail(
-            exercise,
+        return (
             f"the optimizer's learning rate is {rate:g}, not learning_rate={learning_rate:g}"
             " (optimizer='adam' uses Keras' 1e-3, far too high for fine-tuning). Pass"
-            " tf.keras.optimizers.Adam(learning_rate=learning_rate).",
+            " tf.keras.optimizers.Adam(learning_rate=learning_rate)."
         )
-    loss = getattr(model, "loss", None)  # what was passed to compile
+    return None
+
+
+def _loss_problem(loss) -> str | None:
     if loss is None or isinstance(loss, str):
-        _fail(
-            exercise,
+        return (
             f"loss={loss!r}: the model returns logits, so pass"
-            " tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True).",
+            " tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)."
         )
     kind = type(loss).__name__
     if "Sparse" not in kind:
-        _fail(
-            exercise,
+        return (
             f"{kind} expects one-hot label rows, and these labels are class ids (0, 1, ...):"
-            " use tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True).",
+            " use tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)."
         )
     if not getattr(loss, "get_config", lambda: {})().get("from_logits", False):
-        _fail(
-            exercise,
+        return (
             "the loss does not take logits: the classifier's outputs are logits, so use"
-            " from_logits=True (the loss would be computed on the wrong numbers).",
+            " from_logits=True (the loss would be computed on the wrong numbers)."
         )
-    weighted = getattr(model.compiled_metrics, "_user_weighted_metrics", None)  # tf-keras
-    if not weighted:
-        _fail(
-            exercise,
+    return None
+
+
+def _weighted_metrics_problem(model) -> str | None:
+    if not getattr(model.compiled_metrics, "_user_weighted_metrics", None):  # tf-keras
+        return (
             "no weighted_metrics: the last batch is completed with copies weighted 0, and"
-            " plain metrics count them. Pass weighted_metrics=['accuracy'].",
+            " plain metrics count them. Pass weighted_metrics=['accuracy']."
         )
-    per_call = getattr(model, "_steps_per_execution", None)
-    per_call = int(per_call.numpy()) if per_call is not None else 1
+    return None
+
+
+def _steps_per_call_problem(per_call: int, steps_per_execution: int | None) -> str | None:
     if steps_per_execution is not None and per_call != steps_per_execution:
-        _fail(
-            exercise,
+        return (
             f"the model runs {per_call} step(s) per call to the TPU, not"
             f" steps_per_execution={steps_per_execution}: pass"
             " steps_per_execution=steps_per_execution to compile (fewer round trips from the"
-            " host).",
+            " host)."
         )
-    _ok(exercise, f"Adam at {rate:g}, loss from logits, weighted metrics, {per_call} steps a call")
+    return None
 
 
 # --- 02 ---------------------------------------------------------------------------------
