@@ -171,6 +171,38 @@ def packed_arrays(
     pairs) also ``token_type_ids`` ``[rows, width]``, 0 on padding."""
     check_same_length(input_ids=input_ids, labels=labels, token_type_ids=token_type_ids)
     n = len(rows)
+    order, lengths, row_of, slot, start = _layout(input_ids, rows, width, max_per_row)
+    out = {
+        "input_ids": np.full((n, width), pad_token_id, np.int32),
+        "segment_ids": np.zeros((n, width), np.int32),
+        "position_ids": np.zeros((n, width), np.int32),
+        "starts": np.zeros((n, max_per_row), np.int32),
+        "labels": np.zeros((n, max_per_row), np.int32),
+        "weights": np.zeros((n, max_per_row), np.float32),
+    }
+    tokens = np.concatenate([np.asarray(input_ids[i]) for i in order]) if n else np.zeros(0)
+    token_row = np.repeat(row_of, lengths)
+    token_pos = np.arange(len(tokens)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    token_col = np.repeat(start, lengths) + token_pos  # token_pos: within its example
+    out["input_ids"][token_row, token_col] = tokens
+    if token_type_ids is not None:
+        out["token_type_ids"] = np.zeros((n, width), np.int32)
+        if n:
+            types = _types_in_order(token_type_ids, input_ids, order, lengths)
+            out["token_type_ids"][token_row, token_col] = types
+    out["segment_ids"][token_row, token_col] = np.repeat(slot + 1, lengths)
+    out["position_ids"][token_row, token_col] = token_pos
+    out["starts"][row_of, slot] = start
+    out["labels"][row_of, slot] = np.asarray(labels)[order]
+    out["weights"][row_of, slot] = 1.0
+    return out
+
+
+def _layout(input_ids, rows: list[list[int]], width: int, max_per_row: int):
+    """Where every example goes, in row order: ``(order, lengths, row, slot, start)`` per
+    example (its index, its length, its row, its place among the row's examples, its first
+    column); refuses rows with more than ``max_per_row`` examples or ``width`` tokens."""
+    n = len(rows)
     per_row = np.array([len(r) for r in rows], dtype=np.int64)
     if n and per_row.max() > max_per_row:
         raise ValueError(
@@ -189,41 +221,23 @@ def packed_arrays(
             f" width={width}. Fix: pack_rows(lengths, width) with the same width."
         )
     row_offset = np.cumsum(row_tokens) - row_tokens
-    start = ends - lengths - row_offset[row_of]  # each example's first column in its row
+    start = ends - lengths - row_offset[row_of]
+    return order, lengths, row_of, slot, start
 
-    out = {
-        "input_ids": np.full((n, width), pad_token_id, np.int32),
-        "segment_ids": np.zeros((n, width), np.int32),
-        "position_ids": np.zeros((n, width), np.int32),
-        "starts": np.zeros((n, max_per_row), np.int32),
-        "labels": np.zeros((n, max_per_row), np.int32),
-        "weights": np.zeros((n, max_per_row), np.float32),
-    }
-    tokens = np.concatenate([np.asarray(input_ids[i]) for i in order]) if n else np.zeros(0)
-    token_row = np.repeat(row_of, lengths)
-    token_pos = np.arange(len(tokens)) - np.repeat(ends - lengths, lengths)  # in the example
-    token_col = np.repeat(start, lengths) + token_pos
-    out["input_ids"][token_row, token_col] = tokens
-    if token_type_ids is not None:
-        out["token_type_ids"] = np.zeros((n, width), np.int32)
-        if n:
-            types = [np.asarray(token_type_ids[i]) for i in order]
-            wrong = np.flatnonzero(np.array([len(t) for t in types]) != lengths)
-            if len(wrong):
-                i = int(order[wrong[0]])
-                raise ValueError(
-                    f"Example {i} has {len(input_ids[i])} input_ids but"
-                    f" {len(token_type_ids[i])} token_type_ids. Fix: take both from the same"
-                    " tokenizer call."
-                )
-            types = np.concatenate(types)
-            out["token_type_ids"][token_row, token_col] = types
-    out["segment_ids"][token_row, token_col] = np.repeat(slot + 1, lengths)
-    out["position_ids"][token_row, token_col] = token_pos
-    out["starts"][row_of, slot] = start
-    out["labels"][row_of, slot] = np.asarray(labels)[order]
-    out["weights"][row_of, slot] = 1.0
-    return out
+
+def _types_in_order(token_type_ids, input_ids, order, lengths) -> np.ndarray:
+    """The examples' ``token_type_ids`` concatenated in ``order``; each list must be as
+    long as the example's ``input_ids``."""
+    types = [np.asarray(token_type_ids[i]) for i in order]
+    wrong = np.flatnonzero(np.array([len(t) for t in types]) != lengths)
+    if len(wrong):
+        i = int(order[wrong[0]])
+        raise ValueError(
+            f"Example {i} has {len(input_ids[i])} input_ids but"
+            f" {len(token_type_ids[i])} token_type_ids. Fix: take both from the same"
+            " tokenizer call."
+        )
+    return np.concatenate(types)
 
 
 # --- the model -----------------------------------------------------------------------------
