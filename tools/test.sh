@@ -9,14 +9,16 @@
 # The TPU stack is Python 3.12 with tensorflow-tpu and libtpu, installed by the notebooks'
 # own install plan for a Colab TPU runtime (see tools/env.sh); it runs on the CPU.
 #
-# Each stack's tests run as two pytest processes, its unit tests and its notebooks, and all
-# of them at once: most of the time is single-threaded (Python, tracing, XLA compilation,
-# new interpreters), and much of the rest waits: on the package index (the install-plan dry
-# runs), and 4 s in every new process of the TPU stack, whose TensorFlow build waits that
-# long for a TPU before it settles for the CPU. Four processes keep 2 cores busy through the
-# waits. The environments and the offline fixtures are made first (see below); each part
-# writes to build/test-<stack>-<part>.log and its own pytest temporary folder, and the logs
-# are printed when all have ended.
+# Each stack's tests run as three pytest processes, and all six at once: its notebooks, its
+# tests that train in new processes and kill them (resume), and its other unit tests (unit).
+# Most of the work is single-threaded (Python, tracing, XLA compilation, new interpreters),
+# and some of the time is spent waiting: on the package index (the install-plan dry runs)
+# and 4 s in every new process of the TPU stack, whose TensorFlow build waits that long for
+# a TPU before it settles for the CPU; six processes keep 2 cores busy through the waits,
+# and three parts of about one size per stack end at about the same time. The environments
+# and the offline fixtures are made first (see below); each part writes to
+# build/test-<stack>-<part>.log and its own pytest temporary folder, and the logs are
+# printed when all have ended.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 stacks=(cpu tpu)
@@ -24,9 +26,11 @@ if [ "${1:-}" = "--stack" ]; then
   stacks=("$2")
   shift 2
 fi
-parts=(unit notebooks)
+parts=(notebooks resume unit)
+# the resume part: tests that start training processes, kill them and resume
+RESUME_TESTS=(tests/test_checkpoints.py tests/test_pod.py tests/test_training.py)
 
-# part STACK PART [PYTEST ARGS]: one stack's unit tests (tests/) or notebooks (nbval).
+# part STACK PART [PYTEST ARGS]: one stack's notebooks (nbval), resume tests or other unit tests.
 part() {
   local stack="$1" part="$2"
   shift 2
@@ -49,10 +53,18 @@ part() {
     rm -rf "build/nbval-$stack"
     python tools/run_notebooks.py --prepare-only --out "build/nbval-$stack" "${variants[@]}"
     targets=("build/nbval-$stack")
+  elif [ "$part" = resume ]; then
+    targets=("${RESUME_TESTS[@]}")
   elif [ "${#stacks[@]}" -eq 2 ] && [ "$stack" = tpu ]; then
     extra=(-m "not package_index")
   elif [ "${#stacks[@]}" -eq 2 ]; then
     extra=(-m "not exercise_run")
+  fi
+  if [ "$part" = unit ]; then
+    local ignored
+    for ignored in "${RESUME_TESTS[@]}"; do
+      extra+=(--ignore "$ignored")
+    done
   fi
   local status=0
   python -m pytest "${targets[@]}" --nbval-lax --nbval-current-env \
