@@ -114,11 +114,12 @@ prepare() {
   fi
 }
 
-# A part, with its time and exit status at the end of its log.
+# A part, with its time, exit status and CPU time (of its processes) at the end of its log.
 timed_part() {
   local start=$SECONDS status=0
   (part "$@") || status=$?
-  echo "=== $1 $2: $((SECONDS - start)) s, exit $status"
+  times > "build/times-$1-$2"  # a builtin's own output: a pipe would run it in a subshell
+  echo "=== $1 $2: $((SECONDS - start)) s, exit $status, CPU user and sys: $(tail -1 "build/times-$1-$2")"
   return "$status"
 }
 

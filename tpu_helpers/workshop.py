@@ -119,27 +119,9 @@ def check_widths(
         widths = check_boundaries(boundaries)
     except (TypeError, ValueError) as err:
         _fail(exercise, str(err))
-    if len(widths) > max_shapes:
-        _fail(
-            exercise,
-            f"{len(widths)} widths: each is one more XLA compilation; use at most {max_shapes}.",
-        )
-    odd = [w for w in widths if w % 8]
-    if odd:
-        _fail(
-            exercise,
-            f"widths {odd} are not multiples of 8: a TPU lays tensors out in tiles of 8"
-            " (x 128), so other widths are padded again on the chip. Round them up.",
-        )
-    longest = min(int(np.max(lengths)), max_length)
-    if widths[-1] < longest:
-        _fail(
-            exercise,
-            f"the widest width {widths[-1]} is shorter than the longest example ({longest}"
-            " tokens): those examples would be cut. Make the last width at least that.",
-        )
-    if widths[-1] > max(max_length, longest) + 7:
-        _fail(exercise, f"the widest width {widths[-1]} exceeds max_length={max_length}.")
+    problem = _tpu_width_problem(widths, lengths, max_length, max_shapes)
+    if problem:
+        _fail(exercise, problem)
     share = text.padding_report(lengths, widths).real_token_share
     single = text.padding_report(lengths, [widths[-1]]).real_token_share
     several = text.choose_boundaries(lengths, max_shapes=max_shapes, max_length=max_length)
@@ -166,6 +148,28 @@ def check_widths(
         f" {best:.1%}, one width: {single:.1%})",
     )
     return share
+
+
+def _tpu_width_problem(widths: list[int], lengths, max_length: int, max_shapes: int) -> str | None:
+    """What breaks the TPU's rules for widths, whatever the padding: too many of them, not
+    multiples of 8, the widest too narrow for the longest example or past ``max_length``."""
+    if len(widths) > max_shapes:
+        return f"{len(widths)} widths: each is one more XLA compilation; use at most {max_shapes}."
+    odd = [w for w in widths if w % 8]
+    if odd:
+        return (
+            f"widths {odd} are not multiples of 8: a TPU lays tensors out in tiles of 8"
+            " (x 128), so other widths are padded again on the chip. Round them up."
+        )
+    longest = min(int(np.max(lengths)), max_length)
+    if widths[-1] < longest:
+        return (
+            f"the widest width {widths[-1]} is shorter than the longest example ({longest}"
+            " tokens): those examples would be cut. Make the last width at least that."
+        )
+    if widths[-1] > max(max_length, longest) + 7:
+        return f"the widest width {widths[-1]} exceeds max_length={max_length}."
+    return None
 
 
 def check_compiled(
