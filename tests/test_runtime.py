@@ -225,3 +225,39 @@ def test_the_noise_filter_is_installed_once():
     _env.quiet_known_noise()
     filters = logging.getLogger("tensorflow").filters
     assert sum(isinstance(f, _env.KnownNoise) for f in filters) == 1
+
+
+def test_a_module_is_changed_right_after_its_first_import_and_only_then(tmp_path, monkeypatch):
+    """What sets datasets.config.TF_AVAILABLE for tensorflow-tpu when datasets is imported
+    after tpu_helpers (it is not imported up front: seconds a worker need not spend)."""
+    package = tmp_path / "late_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from late_pkg import config\n")
+    (package / "config.py").write_text("FLAG = False\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+
+    def then(module):
+        seen.append(module.FLAG)  # the module has run: its own value is there
+        module.FLAG = True
+
+    finder = _env._AfterImport("late_pkg.config", then)
+    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    import late_pkg
+
+    assert late_pkg.config.FLAG is True and seen == [False]
+    assert finder not in sys.meta_path  # once: a reload is not patched again
+    assert "late_pkg.config" in sys.modules and sys.modules["late_pkg.config"].FLAG
+    for name in ("late_pkg", "late_pkg.config"):
+        monkeypatch.delitem(sys.modules, name)
+
+
+def test_the_tpu_build_flag_for_datasets_waits_for_datasets(monkeypatch):
+    monkeypatch.setattr(_env, "only_tpu_build", lambda: True)
+    monkeypatch.setattr(_env, "distribution_version", lambda name: "2.20.0")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delitem(sys.modules, "datasets.config", raising=False)
+    assert _env.tell_datasets_tensorflow_is_there()
+    assert _env.tell_datasets_tensorflow_is_there()  # again: still one hook
+    hooks = [f for f in sys.meta_path if isinstance(f, _env._AfterImport)]
+    assert [h.name for h in hooks] == ["datasets.config"]

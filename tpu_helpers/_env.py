@@ -5,8 +5,11 @@ Imported first by ``tpu_helpers/__init__.py``. Kept tiny and free of heavy impor
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import logging
 import os
+import sys
 from importlib import metadata
 
 
@@ -35,19 +38,52 @@ def tell_datasets_tensorflow_is_there() -> bool:
     ``datasets.config.TF_AVAILABLE`` is decided once, on import, from distribution names;
     with only ``tensorflow-tpu`` installed it is False and ``to_tf_dataset`` /
     ``model.prepare_tf_dataset`` raise "Tensorflow is not installed". The flag is read at
-    call time, so setting it after import is enough. Returns True when it changed it.
+    call time, so setting it after import is enough: now if ``datasets`` is imported
+    already, else the moment it is (importing it takes seconds, which a process that never
+    reads a data set, such as a training worker on records, need not spend). Returns True
+    when it changed the flag or will.
     """
     if not only_tpu_build() or distribution_version("datasets") is None:
         return False
-    import datasets.config
+    if "datasets.config" in sys.modules:
+        return _count_tpu_build_as_tensorflow(sys.modules["datasets.config"])
+    if not any(isinstance(f, _AfterImport) and f.name == "datasets.config" for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport("datasets.config", _count_tpu_build_as_tensorflow))
+    return True
 
-    if datasets.config.TF_AVAILABLE:
+
+def _count_tpu_build_as_tensorflow(config) -> bool:
+    if config.TF_AVAILABLE:
         return False
     from packaging import version
 
-    datasets.config.TF_AVAILABLE = True
-    datasets.config.TF_VERSION = version.parse(distribution_version("tensorflow-tpu"))
+    config.TF_AVAILABLE = True
+    config.TF_VERSION = version.parse(distribution_version("tensorflow-tpu"))
     return True
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` right after module ``name`` is first executed (once); the
+    module itself is found and loaded by the finders after this one, as without it."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader = getattr(spec, "loader", None)
+        if loader is not None and hasattr(loader, "exec_module"):
+            execute = loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                self.then(module)
+
+            loader.exec_module = exec_module
+        return spec
 
 
 def prepare_environment(environ: dict | None = None) -> list[str]:
