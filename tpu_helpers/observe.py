@@ -397,37 +397,33 @@ class CompileWatch:
             flat = tf.nest.flatten(element)
             key = tf.concat([tf.shape(t, out_type=tf.int64) for t in flat], axis=0)
             new = tf.logical_not(tf.reduce_any(tf.reduce_all(tf.equal(seen, key[None]), axis=1)))
-            shapes = tf.strings.reduce_join(
-                [
-                    tf.strings.format(name + "={}", tf.shape(t))
-                    for name, t in zip(names, flat, strict=True)
-                ],
-                separator=" ",
+            seen, count = tf.cond(
+                new,
+                lambda: self._record(index, key, _shapes_line(names, flat), seen, count),
+                lambda: (seen, count),
             )
-
-            def record():
-                line = tf.strings.join(
-                    [
-                        tf.strings.as_string(index),
-                        tf.strings.as_string(count + 1),
-                        tf.strings.reduce_join(tf.strings.as_string(key), separator=","),
-                        shapes,
-                    ],
-                    "\t",
-                )
-                printed = tf.print(line, output_stream=f"file://{self.path}")
-                with tf.control_dependencies([printed]):
-                    return (
-                        tf.tensor_scatter_nd_update(
-                            seen, [[tf.minimum(count, capacity - 1)]], key[None]
-                        ),
-                        count + 1,
-                    )
-
-            seen, count = tf.cond(new, record, lambda: (seen, count))
             return (index + 1, seen, count), element
 
         return dataset.scan(initial, step)
+
+    def _record(self, index, key, shapes, seen, count):
+        """Append a new shape's line to the file (``index``, how many shapes so far, the key,
+        the named shapes) and add its key to ``seen``; inside the input pipeline."""
+        import tensorflow as tf
+
+        line = tf.strings.join(
+            [
+                tf.strings.as_string(index),
+                tf.strings.as_string(count + 1),
+                tf.strings.reduce_join(tf.strings.as_string(key), separator=","),
+                shapes,
+            ],
+            "\t",
+        )
+        printed = tf.print(line, output_stream=f"file://{self.path}")
+        with tf.control_dependencies([printed]):
+            slot = tf.minimum(count, self.capacity - 1)
+            return tf.tensor_scatter_nd_update(seen, [[slot]], key[None]), count + 1
 
     def events(self) -> list[dict]:
         """Every new shape so far: ``{"element", "shapes_so_far", "shapes", "expected",
@@ -483,6 +479,16 @@ class CompileWatch:
                     log(line)
 
         return _Callback()
+
+
+def _shapes_line(names, flat):
+    """``name=[d0 d1] ...`` of an element's tensors, a string tensor."""
+    import tensorflow as tf
+
+    return tf.strings.reduce_join(
+        [tf.strings.format(name + "={}", tf.shape(t)) for name, t in zip(names, flat, strict=True)],
+        separator=" ",
+    )
 
 
 def _leaf_names(spec) -> list[str]:
