@@ -221,19 +221,22 @@ class CustomLoop:
             seconds = time.perf_counter() - started
             if valid_dataset is not None and valid_steps:
                 row.update(self.evaluate(valid_dataset, valid_steps))
-            if training_log is not None:
-                share = (steps_per_epoch - done) / steps_per_epoch  # resumed: < 1
-                rate = current_learning_rate(self.optimizer)
-                training_log.write(epoch, row, seconds, rate, share)
-            log(
-                " ".join(
-                    f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
-                )
-            )
+            share = (steps_per_epoch - done) / steps_per_epoch  # resumed: < 1
+            self._report(epoch, row, seconds, share, training_log, log)
             history.append(row)
         if self.model.variables:
             self._verify_restore()  # also when the checkpoint left nothing to train
         return history
+
+    def _report(self, epoch, row, seconds, share, training_log, log) -> None:
+        """An epoch's metrics to TensorBoard (with the learning rate, and the rates of the
+        ``share`` of the epoch trained in this process) and as one ``log`` line."""
+        if training_log is not None:
+            rate = current_learning_rate(self.optimizer)
+            training_log.write(epoch, row, seconds, rate, share)
+        log(
+            " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
+        )
 
     def _train_epoch(self, dataset, epoch, done, steps_per_epoch, checkpoint_every, log):
         """The steps of ``epoch`` from ``done`` on, in calls of up to ``steps_per_call``
