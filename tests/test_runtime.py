@@ -261,3 +261,6 @@ def test_the_tpu_build_flag_for_datasets_waits_for_datasets(monkeypatch):
     assert _env.tell_datasets_tensorflow_is_there()  # again: still one hook
     hooks = [f for f in sys.meta_path if isinstance(f, _env._AfterImport)]
     assert [h.name for h in hooks] == ["datasets.config"]
+    config = type("Config", (), {"TF_AVAILABLE": False, "TF_VERSION": "N/A"})
+    hooks[0].then(config)  # what runs once datasets.config has been executed
+    assert config.TF_AVAILABLE is True and str(config.TF_VERSION) == "2.20.0"
