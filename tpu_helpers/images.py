@@ -610,19 +610,9 @@ def image_dataset(
     """
     import tensorflow as tf
 
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
-    check_positive(batch_size=batch_size)
-    paths = [str(p) for p in paths]
-    labels = check_label_values(labels, num_labels, "labels").astype(np.int32)
-    if len(paths) != len(labels):
-        raise ValueError(f"{len(paths)} paths but {len(labels)} labels.")
-    paths, labels = _usable_files(paths, labels, on_error, max_pixels)
-    if len(paths) < batch_size:
-        raise ValueError(
-            f"{len(paths)} images make no full batch of {batch_size}. Fix: a smaller batch."
-        )
-    paths, labels, weights = _completed(paths, labels, batch_size, training)
+    paths, labels, weights = _checked_files(
+        paths, labels, batch_size, training, on_error, max_pixels, num_labels
+    )
     steps = len(paths) // batch_size
     _check_skip_steps(skip_steps, steps, batch_size)
     load = _loader(spec, reduced_decode and _all_jpeg(paths), max_pixels)
@@ -650,6 +640,24 @@ def image_dataset(
                 num_parallel_calls=tf.data.AUTOTUNE,
             )
     return _batches(ds, spec, batch_size, steps - skip_steps, with_weights=not training)
+
+
+def _checked_files(paths, labels, batch_size, training, on_error, max_pixels, num_labels):
+    """The arguments checked, the files that can be read (see ``on_error``), and for
+    evaluation the last batch completed: ``(paths, labels, weights)``."""
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
+    check_positive(batch_size=batch_size)
+    paths = [str(p) for p in paths]
+    labels = check_label_values(labels, num_labels, "labels").astype(np.int32)
+    if len(paths) != len(labels):
+        raise ValueError(f"{len(paths)} paths but {len(labels)} labels.")
+    paths, labels = _usable_files(paths, labels, on_error, max_pixels)
+    if len(paths) < batch_size:
+        raise ValueError(
+            f"{len(paths)} images make no full batch of {batch_size}. Fix: a smaller batch."
+        )
+    return _completed(paths, labels, batch_size, training)
 
 
 def _usable_files(paths: list[str], labels: np.ndarray, on_error: str, max_pixels: int):
