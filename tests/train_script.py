@@ -1,12 +1,12 @@
-"""A small deterministic training run for tests/test_training.py (run as a subprocess).
+"""A small deterministic ``CustomLoop`` run for tests/test_training.py (which calls
+``main``; it also runs alone):
 
-    python tests/train_script.py CHECKPOINT_DIR [--slow]
+    python tests/train_script.py CHECKPOINT_DIR [--epochs N] [--renamed]
 
 Prints checkpoint lines as it goes and, at the end, ``FINAL step=<n> weights=<sum>``.
 """
 
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf  # noqa: E402  (after tpu_helpers)
@@ -46,7 +46,7 @@ class Renamed(tf.keras.Model):
         return self.head(total / tf.reduce_sum(mask, 1))
 
 
-def main(checkpoint_dir, slow, renamed=False, epochs=3):
+def main(checkpoint_dir, renamed=False, epochs=3):
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, 30, 300)
     ids = [rng.integers(1, 50, n).tolist() for n in lengths]
@@ -67,8 +67,6 @@ def main(checkpoint_dir, slow, renamed=False, epochs=3):
 
     def log(message):
         print(message, flush=True)
-        if slow:
-            time.sleep(0.3)
 
     loop.fit(train_fn, steps, epochs=epochs, checkpoint_every=5, log=log)
     total = sum(float(np.abs(w).sum()) for w in model.get_weights())
@@ -77,4 +75,4 @@ def main(checkpoint_dir, slow, renamed=False, epochs=3):
 
 if __name__ == "__main__":
     epochs = int(sys.argv[sys.argv.index("--epochs") + 1]) if "--epochs" in sys.argv else 3
-    main(sys.argv[1], "--slow" in sys.argv, "--renamed" in sys.argv, epochs)
+    main(sys.argv[1], "--renamed" in sys.argv, epochs)
