@@ -544,5 +544,5 @@ def keras_step(model, dataset) -> Callable[[], object]:
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"keras_step needs a tf.data.Dataset, not {type(dataset).__name__}.")
     iterator = iter(_distributed(model, dataset.repeat()))
-    train = model.make_train_function(force=True)
+    train = model.make_train_function()  # fit's own, if it ran: traced already
     return lambda: train(iterator)
