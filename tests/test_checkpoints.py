@@ -12,14 +12,45 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "resume_worker.py"
 
 
-def train(tmp_path, name, *flags):
-    """Run the worker in a new process; return (return code, stdout)."""
+def start(tmp_path, name, *flags) -> subprocess.Popen:
+    """Start the worker in a new process (checkpoints in ``name``-ckpt, weights in
+    ``name``.npz, learning rates in ``name``.lr)."""
     command = [sys.executable, str(WORKER), "--dir", str(tmp_path / f"{name}-ckpt")]
     command += ["--out", str(tmp_path / f"{name}.npz"), "--lr-log", str(tmp_path / f"{name}.lr")]
-    done = subprocess.run(
-        command + list(flags), capture_output=True, text=True, timeout=300, cwd=ROOT
+    return subprocess.Popen(
+        command + list(flags), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
     )
-    return done.returncode, done.stdout + done.stderr[-3000:]
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str]:
+    """Wait for a worker (a hang fails the test); return (return code, output)."""
+    try:
+        stdout, stderr = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail("a worker did not finish within 300 s")
+    return process.returncode, stdout + stderr[-3000:]
+
+
+def train(tmp_path, name, *flags):
+    """Run the worker in a new process; return (return code, output)."""
+    return finish(start(tmp_path, name, *flags))
+
+
+class Reference:
+    """The run that never stopped, started at once and waited for only when its result is
+    needed, so that it runs beside the kill chain it is compared with."""
+
+    def __init__(self, tmp_path, *flags):
+        self.tmp_path, self.process, self.done = tmp_path, start(tmp_path, "whole", *flags), None
+
+    def result(self):
+        """(final weights, learning rate per step, output)."""
+        if self.done is None:
+            code, out = finish(self.process)
+            assert code == 0, out
+            self.done = weights(self.tmp_path, "whole"), learning_rates(self.tmp_path, "whole"), out
+        return self.done
 
 
 def weights(tmp_path, name):
@@ -39,22 +70,15 @@ def learning_rates(tmp_path, name):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("uninterrupted")
-    code, out = train(tmp_path, "whole")
-    assert code == 0, out
-    return weights(tmp_path, "whole"), learning_rates(tmp_path, "whole"), out
+    return Reference(tmp_path_factory.mktemp("uninterrupted"))
 
 
-def steps_per_epoch(out):
-    """The worker's steps per epoch, from its ``STEPS n FINAL m`` line."""
-    return int(out.split("STEPS ")[1].split()[0])
-
-
-def kill_chain(tmp_path, whole, whole_rates, steps, *flags, kills=None):
+def kill_chain(tmp_path, reference, steps, *flags, kills=None):
     """Killed with SIGKILL at step 6 (mid-epoch, two steps after the save at 4), then,
     resumed, at 8 (just after the save at 8), then at ``steps``, the first epoch's end
     (after its save); the last process finishes the run. ``kills`` gives other
-    ``(kill at step, checkpoint the process resumed from)`` pairs. Returns its output."""
+    ``(kill at step, checkpoint the process resumed from)`` pairs. The result is compared
+    with ``reference``'s, a ``Reference`` of ``steps`` steps an epoch. Returns its output."""
     for kill_at, resumed_from in kills or ((6, None), (8, 4), (steps, 8)):
         code, out = train(tmp_path, "run", "--kill-at", str(kill_at), *flags)
         assert code == -9, out  # SIGKILL: nothing after the kill ran
@@ -64,6 +88,8 @@ def kill_chain(tmp_path, whole, whole_rates, steps, *flags, kills=None):
     assert code == 0, out
     assert f"restored {tmp_path}/run-ckpt/ckpt-{steps} at step {steps}" in out, out
     assert f"FINAL {3 * steps}" in out, out
+    whole, whole_rates, whole_out = reference.result()
+    assert f"STEPS {steps} FINAL {3 * steps}" in whole_out, whole_out
     for a, b in zip(weights(tmp_path, "run"), whole, strict=True):
         np.testing.assert_array_equal(a, b)  # op determinism: bit for bit
     assert learning_rates(tmp_path, "run") == whole_rates
@@ -73,34 +99,30 @@ def kill_chain(tmp_path, whole, whole_rates, steps, *flags, kills=None):
 def test_a_run_killed_again_and_again_resumes_to_the_weights_of_one_that_never_stopped(
     tmp_path, uninterrupted
 ):
-    whole, whole_rates, whole_out = uninterrupted
-    assert "STEPS 13 FINAL 39" in whole_out
-    out = kill_chain(tmp_path, whole, whole_rates, 13)
+    out = kill_chain(tmp_path, uninterrupted, 13)
     assert "EPOCHS IN HISTORY 3" in out  # the epochs of the killed processes are kept
 
 
 @pytest.mark.parametrize(
-    "flags",
-    [("--data", "masked"), ("--loop", "custom", "--data", "records")],
+    "steps, flags",
+    [(13, ("--data", "masked")), (14, ("--loop", "custom", "--data", "records"))],
     ids=["notebook-06-masked-blocks", "custom-loop-on-records"],
 )
-def test_masked_pretraining_and_the_custom_loop_on_records_resume_the_same_way(tmp_path, flags):
+def test_masked_pretraining_and_the_custom_loop_on_records_resume_the_same_way(
+    tmp_path, steps, flags
+):
     """Killed mid-epoch (step 6, after the save at 4), then at the first epoch's end (just
     after its save): the two kinds of stop the full chain above also covers; the custom
     loop reads notebook 03's bucketed shards (their read plan has 14 steps an epoch), so
     the records path resumes mid-epoch and at an epoch's end too."""
-    code, out = train(tmp_path, "whole", *flags)
-    assert code == 0 and "FINAL" in out, out
-    steps = steps_per_epoch(out)
-    assert f"STEPS {steps} FINAL {3 * steps}" in out, out
-    whole, rates = weights(tmp_path, "whole"), learning_rates(tmp_path, "whole")
-    kill_chain(tmp_path, whole, rates, steps, *flags, kills=((6, None), (steps, 4)))
+    reference = Reference(tmp_path, *flags)
+    kill_chain(tmp_path, reference, steps, *flags, kills=((6, None), (steps, 4)))
 
 
 def test_an_interrupt_then_a_rerun_in_the_same_process_trains_each_step_once(
     tmp_path, uninterrupted
 ):
-    whole, whole_rates, _ = uninterrupted
+    whole, whole_rates, _ = uninterrupted.result()
     code, out = train(tmp_path, "run", "--interrupt-at", "6")
     assert code == 0, out
     assert "INTERRUPTED at step 6" in out and "restored" in out
