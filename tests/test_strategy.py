@@ -20,10 +20,17 @@ def test_bad_replica_count_is_refused_with_the_value(bad):
         connect(simulated_replicas=bad, verbose=False)
 
 
-def test_simulated_replicas_run_compute_and_reconnect():
+@pytest.fixture(scope="module")
+def simulated():
+    """One process split into 2 simulated replicas: it computes on them, connects again
+    (the same split is fine, another is refused), then trains with Keras' steps_per_execution
+    loop on batches of two widths (an embedding's sparse gradient changes shape with the
+    width) and prints the largest gap between the two replicas' copies of a variable."""
     result = run_python(
         """
         import tpu_helpers
+        import numpy as np
+        import tensorflow as tf
         from tpu_helpers.strategy import replica_sum
         s = tpu_helpers.connect(simulated_replicas=2)
         print("REPLICAS", s.num_replicas_in_sync, replica_sum(s))
@@ -33,28 +40,66 @@ def test_simulated_replicas_run_compute_and_reconnect():
             tpu_helpers.connect(simulated_replicas=4)            # devices already set up
         except RuntimeError as err:
             print("REFUSED", err)
+
+        def dataset_fn(context):
+            ids = [np.full((4, [8, 24][step % 2]), step % 50 + 1, np.int32) for step in range(32)]
+            ds = tf.data.Dataset.from_generator(
+                lambda: ((x, x[:, 0] % 2) for x in ids for _ in range(2)),  # one per replica
+                output_signature=(tf.TensorSpec([4, None], tf.int32), tf.TensorSpec([4], tf.int32)),
+            )
+            return ds
+
+        with s.scope():
+            model = tf.keras.Sequential([
+                tf.keras.layers.Embedding(64, 8),
+                tf.keras.layers.GlobalAveragePooling1D(),
+                tf.keras.layers.Dense(2),
+            ])
+            model.compile(
+                tf.keras.optimizers.Adam(1e-2),
+                tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                steps_per_execution=8,
+            )
+        model.fit(s.distribute_datasets_from_function(dataset_fn), epochs=1, steps_per_epoch=32, verbose=0)
+        gap = max(float(tf.reduce_max(tf.abs(v.values[0] - v.values[1]))) for v in model.weights)
+        print("TRAINED", gap)
         """
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout
-    assert "REPLICAS 2 3.0" in out
-    assert "CPU (2 simulated replicas) | replicas 2" in out
-    assert "AGAIN 2" in out
-    assert "REFUSED" in out and "simulated_replicas=4" in out and "restart the runtime" in out
+    return result.stdout
 
 
-def test_default_strategy_on_cpu():
+def test_simulated_replicas_run_compute_and_reconnect(simulated):
+    assert "REPLICAS 2 3.0" in simulated
+    assert "CPU (2 simulated replicas) | replicas 2" in simulated
+    assert "AGAIN 2" in simulated
+    assert "REFUSED" in simulated and "simulated_replicas=4" in simulated
+    assert "restart the runtime" in simulated
+
+
+def test_simulated_replicas_train_many_steps_per_call_on_batches_of_several_widths(simulated):
+    """It trains, and the two replicas' copies of every variable stay equal."""
+    assert "TRAINED 0.0" in simulated
+
+
+def test_import_sets_the_legacy_keras_flag_before_tensorflow_and_connects_to_the_default():
     result = run_python(
         """
+        import os
+        os.environ.pop("TF_USE_LEGACY_KERAS", None)
         import tpu_helpers
+        import tensorflow as tf
+        print("FLAG", os.environ["TF_USE_LEGACY_KERAS"], tf.keras.Model.__module__.split(".")[0])
         from tpu_helpers.strategy import replica_sum
         s = tpu_helpers.connect()
         print("SUM", s.num_replicas_in_sync, replica_sum(s))
         """
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "SUM 1 1.0" in result.stdout
-    assert result.stdout.startswith("CPU | replicas 1 | local | TF ")
+    lines = result.stdout.splitlines()
+    assert lines[0] == "FLAG 1 tf_keras", lines
+    assert lines[1].startswith("CPU | replicas 1 | local | TF "), lines  # connect's own line
+    assert lines[2] == "SUM 1 1.0", lines
 
 
 def test_unresolvable_tpu_names_what_was_tried():
@@ -74,20 +119,6 @@ def test_unresolvable_tpu_names_what_was_tried():
     assert "ERR Could not connect to a TPU. Tried:" in out
     assert "'local':" in out and "'grpc://127.0.0.1:1':" in out
     assert "Fix:" in out
-
-
-def test_import_sets_the_legacy_keras_flag_before_tensorflow():
-    result = run_python(
-        """
-        import os
-        os.environ.pop("TF_USE_LEGACY_KERAS", None)
-        import tpu_helpers
-        import tensorflow as tf
-        print("FLAG", os.environ["TF_USE_LEGACY_KERAS"], tf.keras.Model.__module__.split(".")[0])
-        """
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "FLAG 1 tf_keras" in result.stdout
 
 
 def test_an_address_that_never_answers_fails_within_the_deadline():
@@ -131,42 +162,3 @@ def test_an_address_that_never_answers_fails_within_the_deadline():
     assert "did not finish within 5 s" in result.stdout, result.stdout
     assert f"grpc://127.0.0.1:{port}" in result.stdout and "timeout=" in result.stdout
     assert took < 60
-
-
-def test_simulated_replicas_train_many_steps_per_call_on_batches_of_several_widths():
-    """Keras' steps_per_execution loop on 2 simulated replicas, batches of two widths (an
-    embedding's sparse gradient changes shape with the width): it trains, and the two
-    replicas' copies of every variable stay equal."""
-    result = run_python(
-        """
-        import tpu_helpers
-        import numpy as np
-        import tensorflow as tf
-        s = tpu_helpers.connect(simulated_replicas=2, verbose=False)
-
-        def dataset_fn(context):
-            ids = [np.full((4, [8, 24][step % 2]), step % 50 + 1, np.int32) for step in range(32)]
-            ds = tf.data.Dataset.from_generator(
-                lambda: ((x, x[:, 0] % 2) for x in ids for _ in range(2)),  # one per replica
-                output_signature=(tf.TensorSpec([4, None], tf.int32), tf.TensorSpec([4], tf.int32)),
-            )
-            return ds
-
-        with s.scope():
-            model = tf.keras.Sequential([
-                tf.keras.layers.Embedding(64, 8),
-                tf.keras.layers.GlobalAveragePooling1D(),
-                tf.keras.layers.Dense(2),
-            ])
-            model.compile(
-                tf.keras.optimizers.Adam(1e-2),
-                tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                steps_per_execution=8,
-            )
-        model.fit(s.distribute_datasets_from_function(dataset_fn), epochs=1, steps_per_epoch=32, verbose=0)
-        gap = max(float(tf.reduce_max(tf.abs(v.values[0] - v.values[1]))) for v in model.weights)
-        print("TRAINED", gap)
-        """
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "TRAINED 0.0" in result.stdout
