@@ -1,5 +1,6 @@
 """Committed notebooks: stripped, parameterised, runnable on Colab/Kaggle, listed in the README."""
 
+import ast
 import json
 import sys
 from pathlib import Path
@@ -43,6 +44,46 @@ def test_one_parameters_cell_and_language_metadata(path):
     # Plain assignments only, so papermill and Colab forms can override them.
     for line in source(tagged[0]).splitlines():
         assert not line.strip() or line.startswith("#") or " = " in line, line
+
+
+CHECKS_LINE = "# Checks: what must hold here"  # (", and the figures for the run report")
+
+
+def is_check(node) -> bool:
+    """An assert, a ``publish_metrics(...)`` call, or an ``if``/``for`` of them."""
+    if isinstance(node, ast.Assert):
+        return True
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        return getattr(node.value.func, "id", None) == "publish_metrics"
+    if isinstance(node, (ast.If, ast.For)):
+        inner = node.body + node.orelse
+        return any(map(is_check, inner)) and all(
+            is_check(n) or isinstance(n, ast.Assign) for n in inner
+        )
+    return False
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_each_cells_checks_come_last_under_one_comment(path):
+    """What a notebook asserts, and the figures it publishes for the run report, end their
+    cell under one ``# Checks`` line, so the lesson reads without them; an exercise's own
+    ``# Check your answer`` cell is all checks and keeps its form. A table shown as the
+    cell's result (a bare name) may follow them."""
+    for cell in load(path)["cells"]:
+        text = source(cell)
+        if cell["cell_type"] != "code" or text.startswith(("# Check your answer", "# BEGIN")):
+            continue
+        body = ast.parse(text).body
+        if body and isinstance(body[-1], ast.Expr) and isinstance(body[-1].value, ast.Name):
+            body = body[:-1]
+        first = next((i for i, node in enumerate(body) if is_check(node)), None)
+        if first is None:
+            assert CHECKS_LINE not in text, text[:300]
+            continue
+        assert all(map(is_check, body[first:])), f"code after the checks:\n{text[:600]}"
+        line_before = text.splitlines()[body[first].lineno - 2]
+        assert line_before.startswith(CHECKS_LINE), f"no {CHECKS_LINE!r} line:\n{text[:600]}"
+        assert text.count(CHECKS_LINE) == 1, text[:600]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
