@@ -202,6 +202,8 @@ class CustomLoop:
         if checkpoint_every is not None:
             check_positive(checkpoint_every=checkpoint_every)
         checkpoint_every = checkpoint_every or steps_per_epoch
+        if self.checkpoints:  # what the restore says (a damaged checkpoint skipped) goes to
+            self.checkpoints.log = log  # the same log as the epochs
         start = self.restore()
         history = []
         for epoch in range(start // steps_per_epoch, epochs):
