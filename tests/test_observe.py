@@ -158,6 +158,17 @@ def test_a_profile_of_a_few_steps_is_written(tmp_path):
     assert all(tf.io.gfile.stat(f).length > 0 for f in files)
 
 
+def test_the_profiled_step_is_the_train_function_fit_traced():
+    model = _tiny_model()
+    model.fit(_xy(), epochs=1, verbose=0)
+    traced = model.train_function
+    count = traced.experimental_get_tracing_count()
+    step = observe.keras_step(model, _xy())
+    assert model.train_function is traced  # not a new function, traced again
+    step()
+    assert traced.experimental_get_tracing_count() == count  # same batches: no new trace
+
+
 def test_the_check_needs_a_compiled_model_and_an_undistributed_dataset():
     model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
     with pytest.raises(ValueError, match="Compile the model first"):
