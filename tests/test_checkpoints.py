@@ -68,9 +68,20 @@ def learning_rates(tmp_path, name):
     return rates
 
 
+def assert_trained_like(tmp_path, reference):
+    """The run in ``tmp_path`` ended with ``reference``'s weights, bit for bit (op
+    determinism), and ran every step at its learning rate."""
+    whole, whole_rates, _ = reference.result()
+    for a, b in zip(weights(tmp_path, "run"), whole, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert learning_rates(tmp_path, "run") == whole_rates
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    return Reference(tmp_path_factory.mktemp("uninterrupted"))
+    reference = Reference(tmp_path_factory.mktemp("uninterrupted"))
+    yield reference
+    reference.process.kill()  # if no test waited for it
 
 
 def kill_chain(tmp_path, reference, steps, *flags, kills=None):
@@ -88,11 +99,8 @@ def kill_chain(tmp_path, reference, steps, *flags, kills=None):
     assert code == 0, out
     assert f"restored {tmp_path}/run-ckpt/ckpt-{steps} at step {steps}" in out, out
     assert f"FINAL {3 * steps}" in out, out
-    whole, whole_rates, whole_out = reference.result()
-    assert f"STEPS {steps} FINAL {3 * steps}" in whole_out, whole_out
-    for a, b in zip(weights(tmp_path, "run"), whole, strict=True):
-        np.testing.assert_array_equal(a, b)  # op determinism: bit for bit
-    assert learning_rates(tmp_path, "run") == whole_rates
+    assert f"STEPS {steps} FINAL {3 * steps}" in reference.result()[2], reference.result()[2]
+    assert_trained_like(tmp_path, reference)
     return out
 
 
@@ -122,13 +130,10 @@ def test_masked_pretraining_and_the_custom_loop_on_records_resume_the_same_way(
 def test_an_interrupt_then_a_rerun_in_the_same_process_trains_each_step_once(
     tmp_path, uninterrupted
 ):
-    whole, whole_rates, _ = uninterrupted.result()
     code, out = train(tmp_path, "run", "--interrupt-at", "6")
     assert code == 0, out
     assert "INTERRUPTED at step 6" in out and "restored" in out
-    for a, b in zip(weights(tmp_path, "run"), whole, strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert learning_rates(tmp_path, "run") == whole_rates
+    assert_trained_like(tmp_path, uninterrupted)
 
 
 def tiny(units=3):
