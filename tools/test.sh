@@ -32,8 +32,7 @@ leg() {
   export STACK="$stack"
   source tools/env.sh
   rm -rf "build/nbval-$stack" "build/pytest-$stack"
-  extra=()
-  variants=()
+  local extra=() variants=()
   # The install-plan dry runs ask the package index about other runtimes, and the
   # exercise notebooks run to their first stub (cells that nbval runs on both stacks in
   # the solution notebooks); neither depends on the stack installed here, so one leg
@@ -95,12 +94,9 @@ timed_leg() {
 mkdir -p build
 side_by_side prepare env || { echo "an environment or the fixtures could not be made" >&2; exit 1; }
 
-if [ "${#stacks[@]}" -eq 1 ]; then
-  echo "=== tests on the ${stacks[0]} stack"
-  start=$SECONDS
-  (leg "${stacks[0]}" "$@")
-  echo "=== ${stacks[0]} stack: $((SECONDS - start)) s"
-  exit 0
+if [ "${#stacks[@]}" -eq 1 ]; then  # one leg: its output as it goes
+  timed_leg "${stacks[0]}" "$@"
+  exit
 fi
 
 start=$SECONDS
