@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tpu_helpers import mlm  # noqa: E402  (sets the Keras flag before TF loads)
+from tpu_helpers import hub, mlm  # noqa: E402  (sets the Keras flag before TF loads)
 from tpu_helpers.fixtures import build_fixtures  # noqa: E402
 from tpu_helpers.metrics import examples_per_second  # noqa: E402
 
@@ -41,10 +41,10 @@ def main() -> None:
     import numpy as np
     import tensorflow as tf
     from datasets import load_dataset
-    from transformers import AutoTokenizer, DataCollatorForLanguageModeling, TFAutoModelForMaskedLM
+    from transformers import DataCollatorForLanguageModeling, TFAutoModelForMaskedLM
 
     paths = build_fixtures(ROOT / "build" / "fixtures", verbose=False)
-    tokenizer = AutoTokenizer.from_pretrained(paths["tiny-distilbert"])
+    tokenizer = hub.load_tokenizer(paths["tiny-distilbert"])
     text = mlm.clean_lines(load_dataset(paths["text-corpus"])["train"])
     blocks = np.asarray(mlm.pack_blocks(text, tokenizer, args.block)["input_ids"], np.int32)
     rows = tokenizer(list(text["text"]), truncation=True, max_length=args.block)["input_ids"]
@@ -106,7 +106,7 @@ def main() -> None:
 
     def train(data, attention):
         tf.keras.utils.set_random_seed(0)
-        model = TFAutoModelForMaskedLM.from_pretrained(paths["tiny-distilbert"])
+        model = hub.from_pretrained(TFAutoModelForMaskedLM, paths["tiny-distilbert"])
         model.compile(
             optimizer=tf.keras.optimizers.Adam(1e-3),
             loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),

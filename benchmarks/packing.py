@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from tpu_helpers import packing, text  # noqa: E402  (sets the Keras flag before TF loads)
+from tpu_helpers import hub, packing, text  # noqa: E402  (sets the Keras flag before TF loads)
 
 TOKENS_PER_BATCH = 4096  # rows x width of every batch, packed or bucketed (32 x 128)
 
@@ -45,10 +45,9 @@ TASKS = {  # task: (data set, tokenizer, text columns)
 
 def load(fixtures: Path, examples: int, task: str):
     from datasets import load_dataset
-    from transformers import AutoTokenizer
 
     data, checkpoint, columns = TASKS[task]
-    tokenizer = AutoTokenizer.from_pretrained(str(fixtures / checkpoint))
+    tokenizer = hub.load_tokenizer(str(fixtures / checkpoint))
     split = load_dataset(str(fixtures / data))["train"].shuffle(seed=0)
     split = split.select(range(min(examples, len(split))))
     pair = columns[1] if len(columns) > 1 else None

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from tpu_helpers import records  # noqa: E402  (sets the Keras flag before TF loads)
+from tpu_helpers import hub, records  # noqa: E402  (sets the Keras flag before TF loads)
 from tpu_helpers.metrics import count_examples  # noqa: E402
 
 BATCH = 32
@@ -45,9 +45,8 @@ BATCH = 32
 
 def load(fixtures: Path):
     from datasets import Dataset, load_dataset
-    from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(fixtures / "tiny-distilbert"))
+    tokenizer = hub.load_tokenizer(str(fixtures / "tiny-distilbert"))
     split = load_dataset(str(fixtures / "cola"))["train"]
     sentences, labels = list(split["sentence"]), np.asarray(split["label"])
     enc = tokenizer(

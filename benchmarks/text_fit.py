@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf  # noqa: E402  (after tpu_helpers)
-from transformers import AutoTokenizer, TFAutoModelForSequenceClassification  # noqa: E402
+from transformers import TFAutoModelForSequenceClassification  # noqa: E402
 
-from tpu_helpers import text
+from tpu_helpers import hub, text
 from tpu_helpers.fixtures import build_fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,11 +41,11 @@ class EpochTimer(tf.keras.callbacks.Callback):
 
 def model_for(checkpoint):
     tf.keras.utils.set_random_seed(0)
-    return TFAutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
+    return hub.from_pretrained(TFAutoModelForSequenceClassification, checkpoint, num_labels=2)
 
 
 def run_tutorial(checkpoint, sentences, labels, epochs):
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    tokenizer = hub.load_tokenizer(checkpoint)
     enc = dict(
         tokenizer(
             sentences, padding="max_length", truncation=True, max_length=128, return_tensors="np"
@@ -86,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     paths = build_fixtures(ROOT / "build" / "fixtures", verbose=False)
     data = text.load_text_dataset(paths["cola"])["train"].select(range(args.examples))
-    tokenizer = AutoTokenizer.from_pretrained(paths["tiny-distilbert"])
+    tokenizer = hub.load_tokenizer(paths["tiny-distilbert"])
     split = text.tokenize(data, tokenizer, 128)
     split = {"input_ids": split["input_ids"], "length": split["length"], "label": split["label"]}
 

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tpu_helpers import text, xla_runs  # noqa: E402  (sets the Keras flag before TF loads)
+from tpu_helpers import hub, text, xla_runs  # noqa: E402  (sets the Keras flag before TF loads)
 
 BATCH = 32
 
@@ -51,21 +51,21 @@ def main() -> None:
 
     import tensorflow as tf
     from datasets import load_dataset
-    from transformers import AutoTokenizer, TFAutoModelForSequenceClassification
+    from transformers import TFAutoModelForSequenceClassification
 
     from tpu_helpers.fixtures import build_fixtures
 
     fixtures = Path(args.fixtures)
     build_fixtures(fixtures, verbose=False)
     checkpoint = str(fixtures / "tiny-distilbert")
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    tokenizer = hub.load_tokenizer(checkpoint)
     split = load_dataset(str(fixtures / "cola"))["train"]
     split = text.tokenize(split.select(range(min(args.examples, len(split)))), tokenizer, 128)
 
     runs = []
     for name, make in configurations(split).items():
         tf.keras.utils.set_random_seed(0)
-        model = TFAutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=2)
+        model = hub.from_pretrained(TFAutoModelForSequenceClassification, checkpoint, num_labels=2)
         optimizer = tf.keras.optimizers.Adam(1e-3)
         runs.append(xla_runs.train_counting_compiles(model, make(), optimizer, name=name))
         print(f"{name}: done in {runs[-1].seconds:.1f} s", flush=True)

@@ -106,17 +106,17 @@ def test_build_writes_loadable_artifacts_and_is_idempotent(fixtures_dir, capsys)
 def test_checkpoints_load_like_the_hub_ones(fixtures_dir):
     result = run_python(
         f"""
-        import tpu_helpers
-        from transformers import (AutoImageProcessor, AutoTokenizer,
+        from tpu_helpers import hub
+        from transformers import (AutoImageProcessor,
             TFAutoModelForImageClassification, TFAutoModelForSequenceClassification)
-        tok = AutoTokenizer.from_pretrained("{fixtures_dir}/tiny-distilbert")
+        tok = hub.load_tokenizer("{fixtures_dir}/tiny-distilbert")
         ids = tok("The dog ate the cake.")["input_ids"]
         print("TOKENS", tok.convert_ids_to_tokens(ids))
-        m = TFAutoModelForSequenceClassification.from_pretrained("{fixtures_dir}/tiny-distilbert", num_labels=2)
+        m = hub.from_pretrained(TFAutoModelForSequenceClassification, "{fixtures_dir}/tiny-distilbert", num_labels=2)
         print("MODEL", type(m).__name__, m.config.max_position_embeddings)
         p = AutoImageProcessor.from_pretrained("{fixtures_dir}/tiny-vit")
-        v = TFAutoModelForImageClassification.from_pretrained(
-            "{fixtures_dir}/tiny-vit", num_labels=3, ignore_mismatched_sizes=True)
+        v = hub.from_pretrained(
+            TFAutoModelForImageClassification, "{fixtures_dir}/tiny-vit", num_labels=3, ignore_mismatched_sizes=True)
         print("VIT", type(v).__name__, v.config.num_labels, p.size, p.image_mean)
         """
     )
@@ -144,7 +144,8 @@ def test_weights_are_deterministic(tmp_path, seed):
         print("HASH", hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest()[:16])
         import tensorflow as tf
         from transformers import TFAutoModel
-        w = TFAutoModel.from_pretrained(out).get_weights()
+        from tpu_helpers import hub
+        w = hub.from_pretrained(TFAutoModel, out).get_weights()
         print("SUM", sum(float(abs(x).sum()) for x in w))
     """.replace("{seed}", str(seed))
 

@@ -2,14 +2,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import mlm
+from tpu_helpers import hub, mlm
 
 
 @pytest.fixture(scope="module")
 def tokenizer(fixtures_dir):
-    from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+    return hub.load_tokenizer(str(fixtures_dir / "tiny-distilbert"))
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +138,8 @@ def test_rows_that_complete_a_short_record_batch_are_not_trained_on(tokenizer, c
 
 
 def test_a_tokenizer_without_a_mask_token_is_refused(tokenizer):
-    from transformers import AutoTokenizer
 
-    gpt2_like = AutoTokenizer.from_pretrained(str(tokenizer.name_or_path))
+    gpt2_like = hub.load_tokenizer(str(tokenizer.name_or_path))
     gpt2_like.mask_token = None
     with pytest.raises(ValueError, match="has no mask token"):
         mlm.masked_dataset(np.zeros((8, 16), np.int32), 4, gpt2_like)
@@ -179,10 +177,9 @@ def test_blank_lines_and_headings_are_dropped():
 
 @pytest.mark.parametrize("kind, mask", [("wordpiece", "[MASK]"), ("bpe", "<mask>")])
 def test_a_trained_tokenizer_loads_back_with_autotokenizer(tmp_path, corpus, kind, mask):
-    from transformers import AutoTokenizer
 
     tokenizer = mlm.train_tokenizer(corpus, str(tmp_path / kind), vocab_size=400, kind=kind)
-    again = AutoTokenizer.from_pretrained(str(tmp_path / kind))
+    again = hub.load_tokenizer(str(tmp_path / kind))
     assert tokenizer.mask_token == again.mask_token == mask and len(again) <= 400
     ids = again("The cat sleeps.")["input_ids"]
     assert ids[0] in (again.cls_token_id, again.bos_token_id) and ids[-1] in (
@@ -214,7 +211,7 @@ def test_continued_pretraining_of_the_tiny_checkpoint_lowers_its_loss(
     checkpoint = str(fixtures_dir / "tiny-distilbert")
     mlm.check_model_fits(AutoConfig.from_pretrained(checkpoint), tokenizer, 32)
     tf.keras.utils.set_random_seed(0)
-    model = TFAutoModelForMaskedLM.from_pretrained(checkpoint)
+    model = hub.from_pretrained(TFAutoModelForMaskedLM, checkpoint)
     model.compile(
         optimizer=tf.keras.optimizers.Adam(3e-3),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),

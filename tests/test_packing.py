@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import packing
+from tpu_helpers import hub, packing
 
 RNG = np.random.default_rng(0)
 
@@ -31,9 +31,8 @@ def test_pack_rows_refuses_examples_longer_than_the_row():
 
 def test_packing_the_cola_like_fixture_is_nearly_all_real_tokens(fixtures_dir):
     from datasets import load_dataset
-    from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+    tokenizer = hub.load_tokenizer(str(fixtures_dir / "tiny-distilbert"))
     sentences = load_dataset(str(fixtures_dir / "cola"))["train"]["sentence"]
     lengths = [
         len(ids) for ids in tokenizer(list(sentences), truncation=True, max_length=128)["input_ids"]
@@ -132,13 +131,13 @@ class Family:
 
     def __init__(self, folder, pairs):
         from datasets import Dataset
-        from transformers import AutoTokenizer, TFAutoModelForSequenceClassification
+        from transformers import TFAutoModelForSequenceClassification
 
-        from tpu_helpers import fixtures, text
+        from tpu_helpers import fixtures, hub, text
 
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        self.tokenizer = hub.load_tokenizer(folder)
         tf.keras.utils.set_random_seed(0)
-        self.model = TFAutoModelForSequenceClassification.from_pretrained(str(folder), num_labels=2)
+        self.model = hub.from_pretrained(TFAutoModelForSequenceClassification, folder, num_labels=2)
         rows = fixtures.make_mrpc_like(3, {"train": 10})["train"]
         split = text.tokenize(
             Dataset.from_list(rows),
@@ -307,7 +306,7 @@ def test_the_packed_model_saves_and_loads_as_an_ordinary_checkpoint(tmp_path):
     _, features, _ = packed_batch(EXAMPLES, LABELS)
     before = packing.PackedClassifier(model)(features).numpy()
     model.save_pretrained(str(tmp_path))
-    reloaded = TFAutoModelForSequenceClassification.from_pretrained(str(tmp_path))
+    reloaded = hub.from_pretrained(TFAutoModelForSequenceClassification, str(tmp_path))
     np.testing.assert_allclose(packing.PackedClassifier(reloaded)(features), before, atol=1e-6)
     np.testing.assert_allclose(
         reloaded(input_ids=tf.constant([EXAMPLES[0]])).logits[0],

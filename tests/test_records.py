@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import run_python
-from tpu_helpers import records
+from tpu_helpers import hub, records
 from tpu_helpers.records import RecordsError, encode
 
 
@@ -139,11 +139,10 @@ def test_shards_rotate_at_the_byte_target():
 
 def test_variable_length_records_are_padded_per_batch(fixtures_dir):
     from datasets import load_dataset
-    from transformers import AutoTokenizer
 
     from tpu_helpers import text
 
-    tokenizer = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+    tokenizer = hub.load_tokenizer(str(fixtures_dir / "tiny-distilbert"))
     split = text.tokenize(load_dataset(str(fixtures_dir / "cola"))["validation"], tokenizer, 128)
     out = "ram://records-test/variable"
     meta = records.write_records(

@@ -15,14 +15,15 @@ def test_save_and_reload_through_a_bucket_like_path(fixtures_dir, tmp_path):
         f"""
         import os, tpu_helpers
         import tensorflow as tf
-        from transformers import AutoTokenizer, TFAutoModelForSequenceClassification
+        from transformers import TFAutoModelForSequenceClassification
+        from tpu_helpers import hub
         from tpu_helpers.storage import local_copy, save_pretrained
-        tok = AutoTokenizer.from_pretrained("{fixtures_dir}/tiny-distilbert")
-        model = TFAutoModelForSequenceClassification.from_pretrained("{fixtures_dir}/tiny-distilbert", num_labels=2)
+        tok = hub.load_tokenizer("{fixtures_dir}/tiny-distilbert")
+        model = hub.from_pretrained(TFAutoModelForSequenceClassification, "{fixtures_dir}/tiny-distilbert", num_labels=2)
         written = save_pretrained("ram://bucket/model", model, tok)
         print("WRITTEN", sorted(os.path.basename(w) for w in written))
         here = local_copy("ram://bucket/model")
-        again = TFAutoModelForSequenceClassification.from_pretrained(here)
+        again = hub.from_pretrained(TFAutoModelForSequenceClassification, here)
         x = dict(tok(["The dog ate."], return_tensors="tf"))
         print("SAME", bool(tf.reduce_all(model(x).logits == again(x).logits)))
         try:
@@ -34,6 +35,7 @@ def test_save_and_reload_through_a_bucket_like_path(fixtures_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert "config.json" in out and "tf_model.h5" in out and "tokenizer.json" in out
+    assert "model.safetensors" in out  # beside tf_model.h5, PyTorch-named, as on the hub
     assert "SAME True" in out
     assert "MISSING ram://bucket/missing does not exist" in out
     assert not os.path.exists("ram:")

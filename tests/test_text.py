@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tpu_helpers import text
+from tpu_helpers import hub, text
 
 
 def brute_force_best(lengths, max_shapes, multiple=8):
@@ -119,10 +119,22 @@ def test_position_limits_of_real_configs():
     assert text.position_limit(DebertaV2Config(position_biased_input=False)) is None
 
 
-def test_a_tokenizer_is_not_taken_for_a_config(fixtures_dir):
-    from transformers import AutoTokenizer
+def test_a_model_without_a_position_limit_takes_max_length_as_given():
+    from transformers import AutoConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+    funnel = AutoConfig.for_model("funnel")  # relative attention: no max_position_embeddings
+    assert text.position_limit(funnel) is None
+    said = []
+    assert text.check_max_length(4096, funnel, log=said.append) == 4096
+    assert len(said) == 1 and "funnel model names no position limit" in said[0], said
+    said.clear()
+    text.check_max_length(128, AutoConfig.for_model("bert"), log=said.append)
+    assert said == []  # a model with a limit within it: nothing to say
+
+
+def test_a_tokenizer_is_not_taken_for_a_config(fixtures_dir):
+
+    tokenizer = hub.load_tokenizer(str(fixtures_dir / "tiny-distilbert"))
     with pytest.raises(TypeError, match="needs a model config, got DistilBertTokenizerFast"):
         text.check_max_length(128, tokenizer)
 
@@ -253,13 +265,12 @@ def test_a_missing_column_is_named():
 
 def test_sentence_pairs_are_tokenized_with_token_types_and_batched_with_them(fixtures_dir):
     from datasets import Dataset
-    from transformers import AutoTokenizer
 
     from tpu_helpers.fixtures import make_mrpc_like
 
     rows = make_mrpc_like(0, {"train": 20})["train"]
     split = Dataset.from_list(rows)
-    bert = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-bert"))
+    bert = hub.load_tokenizer(str(fixtures_dir / "tiny-bert"))
     pairs = text.tokenize(split, bert, 128, "sentence1", text_pair_column="sentence2")
     alone = text.tokenize(split, bert, 128, "sentence1")
     assert "token_type_ids" in pairs.column_names and "token_type_ids" not in alone.column_names
@@ -275,7 +286,7 @@ def test_sentence_pairs_are_tokenized_with_token_types_and_batched_with_them(fix
     assert features["token_type_ids"][first, :n].numpy().tolist() == pairs["token_type_ids"][0]
     assert not features["token_type_ids"][first, n:].numpy().any()  # padding: type 0
     # a tokenizer without token types (DistilBERT's) joins the pair without them
-    distil = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+    distil = hub.load_tokenizer(str(fixtures_dir / "tiny-distilbert"))
     joined = text.tokenize(split, distil, 128, "sentence1", text_pair_column="sentence2")
     assert "token_type_ids" not in joined.column_names
     assert joined["input_ids"][0].count(distil.sep_token_id) == 2

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import images, text, workshop
+from tpu_helpers import hub, images, text, workshop
 from tpu_helpers.workshop import ExerciseCheckError as Wrong
 
 
@@ -264,8 +264,12 @@ def test_head_must_start_from_the_checkpoint(fixtures_dir):
         "id2label": dict(enumerate(classes)),
         "label2id": {c: i for i, c in enumerate(classes)},
     }
-    solution = TFAutoModelForImageClassification.from_pretrained(
-        checkpoint, num_labels=3, ignore_mismatched_sizes=True, **names
+    solution = hub.from_pretrained(
+        TFAutoModelForImageClassification,
+        checkpoint,
+        num_labels=3,
+        ignore_mismatched_sizes=True,
+        **names,
     )
     workshop.check_head(solution, classes, checkpoint)
     config = AutoConfig.from_pretrained(checkpoint, num_labels=3, **names)
@@ -273,7 +277,7 @@ def test_head_must_start_from_the_checkpoint(fixtures_dir):
     random_start(tf.zeros([1, 3, config.image_size, config.image_size]))  # build the weights
     with pytest.raises(Wrong, match="differ from .*tiny-vit's: the model starts from random"):
         workshop.check_head(random_start, classes, checkpoint)
-    own_head = TFAutoModelForImageClassification.from_pretrained(checkpoint)
+    own_head = hub.from_pretrained(TFAutoModelForImageClassification, checkpoint)
     with pytest.raises(Wrong, match="outputs for 3 classes"):
         workshop.check_head(own_head, classes, checkpoint)
 

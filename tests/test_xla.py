@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import xla, xla_runs
+from tpu_helpers import hub, xla, xla_runs
 from tpu_helpers.xla import masked_sparse_crossentropy, shape_report, tracing_count
 
 
@@ -132,15 +132,15 @@ def test_preflight_passes_a_tpu_ready_setup():
 
 def test_preflight_passes_the_notebook_text_pipeline(fixtures_dir):
     from datasets import load_dataset
-    from transformers import AutoTokenizer, TFAutoModelForSequenceClassification
+    from transformers import TFAutoModelForSequenceClassification
 
     from tpu_helpers import text
 
-    tokenizer = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+    tokenizer = hub.load_tokenizer(str(fixtures_dir / "tiny-distilbert"))
     split = text.tokenize(load_dataset(str(fixtures_dir / "cola"))["validation"], tokenizer, 128)
     ds = text.make_text_dataset(split, 16, text.padding_boundaries(split["length"], "buckets"))
-    model = TFAutoModelForSequenceClassification.from_pretrained(
-        str(fixtures_dir / "tiny-distilbert"), num_labels=2
+    model = hub.from_pretrained(
+        TFAutoModelForSequenceClassification, str(fixtures_dir / "tiny-distilbert"), num_labels=2
     )
     report = xla.preflight(model, ds, Replicas(2), batches=10)
     assert report.ok, str(report)
@@ -378,11 +378,11 @@ def test_preflight_names_an_unbatched_dataset():
 
 def test_preflight_fails_widths_beyond_the_models_positions(fixtures_dir):
     from datasets import load_dataset
-    from transformers import AutoTokenizer, DistilBertConfig, TFAutoModelForSequenceClassification
+    from transformers import DistilBertConfig, TFAutoModelForSequenceClassification
 
     from tpu_helpers import text
 
-    tokenizer = AutoTokenizer.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+    tokenizer = hub.load_tokenizer(str(fixtures_dir / "tiny-distilbert"))
     split = text.tokenize(load_dataset(str(fixtures_dir / "cola"))["validation"], tokenizer, 128)
     ds = text.make_text_dataset(split, 16, [16, 64], shuffle=False)
     short = TFAutoModelForSequenceClassification.from_config(

@@ -3,24 +3,27 @@
 ``python -m tpu_helpers fixtures DIR`` (or ``build_fixtures(DIR)``) writes, from a seed:
 
 * ``DIR/tiny-distilbert``: a DistilBERT-architecture masked-LM checkpoint and a WordPiece
-  tokenizer trained here, loadable with ``AutoTokenizer`` /
-  ``TFAutoModelForSequenceClassification`` / ``TFAutoModelForMaskedLM`` exactly like
-  ``distilbert-base-cased``;
-* ``DIR/tiny-bert``: the same for BERT (``write_tiny_checkpoint`` makes one of any family
-  that packed fine-tuning covers, with its family's kind of tokenizer);
+  tokenizer trained here, laid out like ``distilbert-base-cased`` on the hub: PyTorch-named
+  ``model.safetensors`` beside ``tf_model.h5``;
+* ``DIR/tiny-bert``: the same for BERT, laid out like a checkpoint pushed from transformers 5:
+  PyTorch-named safetensors in shards with ``model.safetensors.index.json``, and the
+  tokenizer and config files transformers 5 writes (``write_tiny_checkpoint`` makes one of
+  any family that packed fine-tuning covers, with its family's kind of tokenizer, in any of
+  the ``LAYOUTS``);
 * ``DIR/mrpc``: an MRPC-like paraphrase data set of sentence pairs (columns ``sentence1``,
   ``sentence2``, ``label``, ``idx``; MRPC's split sizes);
 * ``DIR/cola``: a CoLA-like acceptability data set (columns ``sentence``, ``label``,
   ``idx``; splits train/validation of CoLA's sizes) loadable with ``load_dataset(DIR/cola)``;
 * ``DIR/tiny-vit``: a ViT image-classification checkpoint with its image processor (10
   labels, so loading it with ``num_labels=3`` exercises ``ignore_mismatched_sizes`` as the
-  real ``google/vit-base-patch16-224`` does);
+  real ``google/vit-base-patch16-224`` does), PyTorch-named ``model.safetensors`` alone;
 * ``DIR/beans``: three classes of 500x500 JPEG leaves in class folders plus a listing with
   beans' columns ``image_file_path`` and ``labels``, loadable with ``load_dataset(DIR/beans)``;
 * ``DIR/text-corpus``: raw English prose laid out like wikitext (column ``text``), for
   masked-language-model pretraining, loadable with ``load_dataset(DIR/text-corpus)``.
 
-The build is idempotent: a stamp file records what was built; a second call returns at once.
+Every checkpoint loads through ``tpu_helpers.hub`` (``from_pretrained``, ``load_tokenizer``),
+as the hub's own do. The build is idempotent: a stamp file records what was built; a second call returns at once.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from pathlib import Path
 
 import tpu_helpers._env  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 
-FIXTURES_VERSION = 6
+FIXTURES_VERSION = 7
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
@@ -290,9 +293,57 @@ def write_tiny_distilbert(out: Path, corpus: list[str], seed: int) -> None:
     )
     model = TFDistilBertForMaskedLM(config)  # a masked-LM checkpoint: base + MLM head
     model(model.dummy_inputs)
+    save_checkpoint(out, model, tokenizer, "pytorch+h5")
+
+
+# How a checkpoint's files are laid out (see tpu_helpers.hub): PyTorch-named safetensors
+# alone (most of the hub), beside tf_model.h5 (distilbert-base-cased and other older
+# checkpoints), in shards, as a TF class writes them; "+transformers5" also writes the
+# tokenizer and config files as transformers 5 does.
+LAYOUTS = ("pytorch", "pytorch+h5", "pytorch-sharded", "tf-h5")
+SHARD_BYTES = 64 * 1024  # tiny checkpoints still span several shards
+
+
+def save_checkpoint(out: Path, model, tokenizer, layout: str = "pytorch") -> None:
+    """Save ``model`` (a TF class) and ``tokenizer`` (or an image processor) into ``out`` in
+    ``layout``: one of ``LAYOUTS``, optionally followed by ``+transformers5``."""
+    from tpu_helpers import hub
+
+    weights, _, version = layout.partition("+transformers")
+    if weights not in LAYOUTS or version not in ("", "5"):
+        raise ValueError(
+            f"Unknown checkpoint layout {layout!r}. Fix: one of {LAYOUTS}, optionally"
+            " followed by '+transformers5'."
+        )
     out.mkdir(parents=True)
-    model.save_pretrained(out)
+    if weights in ("pytorch+h5", "tf-h5"):
+        model.save_pretrained(out, safe_serialization=False)  # config.json + tf_model.h5
+    if weights.startswith("pytorch"):
+        sharded = weights == "pytorch-sharded"
+        hub.save_hub_layout(model, out, max_shard_bytes=SHARD_BYTES if sharded else None)
     tokenizer.save_pretrained(out)
+    if version:
+        as_saved_by_transformers5(out)
+
+
+def as_saved_by_transformers5(folder: Path) -> None:
+    """Rewrite the tokenizer and config files in ``folder`` as transformers 5 writes them
+    (seen with 5.2): ``tokenizer_config.json`` names the class ``TokenizersBackend`` and
+    drops the added-token table (``tokenizer.json`` holds it), no ``vocab.txt`` nor
+    ``special_tokens_map.json``; ``config.json`` names ``dtype`` (4.x: ``torch_dtype``)."""
+    tokenizer_config = folder / "tokenizer_config.json"
+    settings = json.loads(tokenizer_config.read_text())
+    for old in ("added_tokens_decoder", "extra_special_tokens"):
+        settings.pop(old, None)
+    settings.update(tokenizer_class="TokenizersBackend", backend="tokenizers")
+    tokenizer_config.write_text(json.dumps(settings, indent=2, sort_keys=True))
+    for gone in ("vocab.txt", "special_tokens_map.json", "added_tokens.json"):
+        (folder / gone).unlink(missing_ok=True)
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text())
+    config.pop("torch_dtype", None)
+    config.update(dtype="float32", transformers_version="5.2.0")
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
 # Per family: the tokenizer model its hub checkpoints use (WordPiece, byte-level BPE or a
@@ -429,11 +480,17 @@ def tiny_config(family: str, vocab_size: int, pad_token_id: int, num_labels: int
 
 
 def write_tiny_checkpoint(
-    out: Path, family: str, corpus: list[str], seed: int = 0, **overrides
+    out: Path,
+    family: str,
+    corpus: list[str],
+    seed: int = 0,
+    layout: str = "pytorch",
+    **overrides,
 ) -> None:
     """Save a tiny untrained masked-LM checkpoint of ``family`` and its tokenizer (see
-    ``train_tokenizer``) to ``out``, loadable like the family's hub checkpoints
-    (``AutoTokenizer``, ``TFAutoModelForSequenceClassification.from_pretrained``).
+    ``train_tokenizer``) to ``out`` in ``layout`` (see ``save_checkpoint``; by default
+    PyTorch-named ``model.safetensors``, as most of the hub serves), loadable like the
+    family's hub checkpoints (``hub.load_tokenizer``, ``hub.from_pretrained``).
     ``overrides`` go to ``tiny_config``."""
     import tensorflow as tf
     from transformers import TFAutoModelForMaskedLM
@@ -443,9 +500,7 @@ def write_tiny_checkpoint(
     config = tiny_config(family, len(tokenizer), tokenizer.pad_token_id, **overrides)
     model = TFAutoModelForMaskedLM.from_config(config)
     model(model.dummy_inputs)
-    out.mkdir(parents=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_checkpoint(out, model, tokenizer, layout)
 
 
 def write_text_corpus(out: Path) -> None:
@@ -485,12 +540,10 @@ def write_tiny_vit(out: Path, seed: int) -> None:
     )
     model = TFViTForImageClassification(config)
     model(model.dummy_inputs)
-    out.mkdir(parents=True)
-    model.save_pretrained(out)
     processor = ViTImageProcessor(
         size={"height": 32, "width": 32}, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5]
     )
-    processor.save_pretrained(out)
+    save_checkpoint(out, model, processor, "pytorch")
 
 
 def leaf_image(rng, label: int, size: int = BEANS_SIZE):
@@ -567,7 +620,9 @@ def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = 
     corpus = [r["sentence"] for rows in make_cola_like(seed).values() for r in rows]
     write_tiny_distilbert(staging / "tiny-distilbert", corpus, seed)
     write_mrpc(staging / "mrpc", seed)
-    write_tiny_checkpoint(staging / "tiny-bert", "bert", corpus, seed)
+    write_tiny_checkpoint(
+        staging / "tiny-bert", "bert", corpus, seed, layout="pytorch-sharded+transformers5"
+    )
     write_tiny_vit(staging / "tiny-vit", seed)
     write_text_corpus(staging / "text-corpus")
     for name in paths:

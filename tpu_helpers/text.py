@@ -87,7 +87,8 @@ OFFSET_POSITIONS = {
 def position_limit(model_config) -> int | None:
     """How many token positions a model can embed: ``max_position_embeddings`` (or
     ``n_positions``), less RoBERTa-style offsets; ``None`` for models without absolute
-    positions (DeBERTa-v2 with ``position_biased_input=False``).
+    positions (DeBERTa-v2 with ``position_biased_input=False``, Funnel and other configs
+    that name no limit).
 
     Needs a model config (``AutoConfig.from_pretrained(checkpoint)`` or ``model.config``):
     anything else, a tokenizer for instance, raises ``TypeError`` instead of passing.
@@ -110,19 +111,22 @@ def position_limit(model_config) -> int | None:
             if model_config.model_type in OFFSET_POSITIONS:
                 limit -= (getattr(model_config, "pad_token_id", None) or 0) + 1
             return limit
-    raise TypeError(
-        f"The {model_config.model_type!r} config names no position limit"
-        " (max_position_embeddings, n_positions). Fix: check max_length against the model"
-        " card yourself and pass it to text.tokenize."
-    )
+    return None
 
 
-def check_max_length(max_length: int, model_config) -> int:
+def check_max_length(max_length: int, model_config, *, log=print) -> int:
     """Refuse a ``max_length`` the model's position embeddings cannot hold (see
-    ``position_limit``; a tokenizer instead of a config raises ``TypeError``)."""
+    ``position_limit``; a tokenizer instead of a config raises ``TypeError``). A model
+    that names no limit takes ``max_length`` as given, and ``log`` says so."""
     check_positive(max_length=max_length)
     limit = position_limit(model_config)
-    if limit is not None and max_length > limit:
+    if limit is None:
+        log(
+            f"The {model_config.model_type} model names no position limit (relative"
+            f" positions): max_length={max_length} is used as given; its model card says"
+            " how long its training sequences were."
+        )
+    elif max_length > limit:
         raise ValueError(
             f"max_length={max_length} exceeds the {model_config.model_type} model's limit of"
             f" {limit} positions. Fix: max_length <= {limit}."

@@ -464,7 +464,9 @@ def _pretrained_share(model, checkpoint: str) -> tuple[int, int]:
     """(weights of ``model``'s encoder equal to ``checkpoint``'s, weights compared)."""
     from transformers import TFAutoModel
 
-    reference = _main_layer_weights(TFAutoModel.from_pretrained(checkpoint))
+    from tpu_helpers import hub
+
+    reference = _main_layer_weights(hub.from_pretrained(TFAutoModel, checkpoint))
     mine = _main_layer_weights(model)
     common = sorted(set(reference) & set(mine))
     same = sum(np.array_equal(reference[n].numpy(), mine[n].numpy()) for n in common)

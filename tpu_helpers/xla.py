@@ -596,10 +596,7 @@ def _position_checks(model, batches) -> list[Check]:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "model_type"):
         return []
-    try:
-        limit = position_limit(config)
-    except TypeError:
-        return []
+    limit = position_limit(config)
     widths = [
         int(f["input_ids"].shape[1])
         for f in (_split(b)[0] for b in batches)
