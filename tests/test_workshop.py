@@ -20,6 +20,31 @@ def test_replica_total():
         workshop.check_replica_total([1, 2], 2)
 
 
+@pytest.mark.parametrize("replicas", [1, 2, 8])  # Colab's one chip, the tests', Kaggle's v5e-8
+def test_the_replica_checks_judge_right_and_wrong_at_every_replica_count(replicas):
+    n, rows = replicas, 4
+    total, global_batch = n * (n + 1) // 2, rows * n
+    workshop.check_replica_total(total, n)
+    workshop.check_split([list(range(i * rows, (i + 1) * rows)) for i in range(n)], n, global_batch)
+    workshop.check_global_batch(global_batch, rows, n)
+    workshop.check_replica_loss(
+        lambda loss, gb: tf.nn.compute_average_loss(loss, global_batch_size=gb), global_batch, n
+    )
+    _raises(workshop.check_replica_total, total + 1, n, match=f"give {total}")
+    _raises(workshop.check_split, [[i] for i in range(n)], n, global_batch, match="GLOBAL batch")
+    _raises(workshop.check_split, [[0]] * (n + 1), n, global_batch, match="one value per replica")
+    _raises(workshop.check_global_batch, rows + n, rows, n, match=f"= {global_batch}")
+    no_division = lambda loss, gb: tf.reduce_sum(loss)  # noqa: E731
+    _raises(workshop.check_replica_loss, no_division, global_batch, n, match="global_batch")
+    if n > 1:  # on one replica these are the right answers too
+        _raises(workshop.check_replica_total, n, n, match="every replica returned 1")
+        _raises(workshop.check_replica_total, total / n, n, match="MEAN")
+        _raises(workshop.check_replica_total, total - n, n, match="ids count from 0")
+        _raises(workshop.check_global_batch, rows, rows, n, match="one replica's batch")
+        mean = lambda loss, gb: tf.reduce_mean(loss)  # noqa: E731
+        _raises(workshop.check_replica_loss, mean, global_batch, n, match="replicas")
+
+
 def test_split():
     workshop.check_split([[0, 1], [2, 3]], 2, 4)
     workshop.check_split([np.array([2, 3]), np.array([0, 1])], 2, 4)

@@ -17,6 +17,8 @@ safetensors written by a TF class (``format: tf``)     transformers' own loader
 ``pytorch_model.bin`` only                             refused: a pickle needs PyTorch to read
 =====================================================  ==========================================
 
+Under the ``mixed_bfloat16`` policy the model computes in bfloat16 and returns float32
+outputs (``float32_outputs``), so that losses and metrics are computed in float32.
 Every weight of the model's encoder must come from the file; a new head (a classifier for
 other labels) starts at random, and transformers says which weights it initialised.
 ``load_tokenizer`` also reads tokenizer files written by transformers 5, whose
@@ -41,6 +43,7 @@ __all__ = [
     "CheckpointFormatError",
     "Weights",
     "find_weights",
+    "float32_outputs",
     "from_pretrained",
     "load_tokenizer",
     "save_hub_layout",
@@ -160,8 +163,41 @@ def from_pretrained(model_class, checkpoint, **kwargs):
         )
     if weights.layout != "pytorch-safetensors":
         use_safetensors = weights.layout == "tf-safetensors"
-        return model_class.from_pretrained(checkpoint, use_safetensors=use_safetensors, **kwargs)
-    return _from_pytorch_names(model_class, checkpoint, weights, kwargs)
+        loaded = model_class.from_pretrained(checkpoint, use_safetensors=use_safetensors, **kwargs)
+    else:
+        loaded = _from_pytorch_names(model_class, checkpoint, weights, kwargs)
+    float32_outputs(loaded[0] if isinstance(loaded, tuple) else loaded)
+    return loaded
+
+
+def float32_outputs(model):
+    """Make ``model`` (a transformers TF model) return its floating outputs (logits, hidden
+    states) in float32 when it computes in another dtype, as under ``mixed_bfloat16``:
+    Keras' rule for mixed precision (the model's outputs in float32), so that every loss and
+    metric on them is computed in float32. The layers still compute in bfloat16; the
+    variables stay float32. Does nothing to a float32 model. Returns ``model``."""
+    import functools
+
+    import tensorflow as tf
+
+    if model.compute_dtype == "float32" or getattr(model, "_float32_outputs", False):
+        return model
+    call = model.call
+
+    @functools.wraps(call)
+    def call_with_float32_outputs(*args, **kwargs):
+        outputs = call(*args, **kwargs)
+        items = outputs.items() if hasattr(outputs, "items") else ()
+        for name, value in list(items):
+            if tf.is_tensor(value) and value.dtype.is_floating and value.dtype != tf.float32:
+                outputs[name] = tf.cast(value, tf.float32)
+        if tf.is_tensor(outputs) and outputs.dtype.is_floating:
+            outputs = tf.cast(outputs, tf.float32)
+        return outputs
+
+    model.call = call_with_float32_outputs
+    model._float32_outputs = True
+    return model
 
 
 def _from_pytorch_names(model_class, checkpoint: str, weights: Weights, kwargs: dict):

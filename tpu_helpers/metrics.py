@@ -69,8 +69,13 @@ def majority_rate(labels) -> float:
 
 
 def logits_of(outputs):
-    """The logits of a model's output: ``.logits`` of a transformers output, else the tensor."""
-    return getattr(outputs, "logits", outputs)
+    """The logits of a model's output (``.logits`` of a transformers output, else the
+    tensor) in float32: a model under the ``mixed_bfloat16`` policy computes them in
+    bfloat16, which has 8 bits of mantissa, too few for a softmax and a loss."""
+    import tensorflow as tf
+
+    logits = getattr(outputs, "logits", outputs)
+    return tf.cast(logits, tf.float32) if logits.dtype != tf.float32 else logits
 
 
 def predict_classes(model, dataset, steps: int, strategy):

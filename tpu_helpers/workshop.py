@@ -47,7 +47,7 @@ def check_replica_total(total, replicas: int, exercise: str = "00.1") -> None:
         value = float(np.asarray(total))
     except (TypeError, ValueError):
         _fail(exercise, f"total={total!r} is not one number: reduce the per-replica values.")
-    if value == replicas:
+    if value == replicas != expected:  # on one replica, 1 is both: the right answer
         _fail(
             exercise,
             f"total is {value:g}, the number of replicas: every replica returned 1. Return"
