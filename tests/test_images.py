@@ -101,6 +101,18 @@ def test_evaluation_batches_score_every_image_once(bucket):
     assert weights.tolist() == [1] * 6 + [0] * 2
 
 
+def test_fewer_images_than_a_batch_evaluate_in_one_and_do_not_train(bucket):
+    """Eight replicas of 8 make a global batch of 64, more than a small validation split."""
+    paths, labels, _ = bucket
+    ds = images.image_dataset(paths, labels, SPEC, 16)
+    (_, got, weights), *more = list(ds)
+    assert ds.steps == 1 and not more and weights.shape == (16,)
+    assert weights.numpy().tolist() == [1] * 6 + [0] * 10
+    assert got.numpy()[:6].tolist() == labels
+    with pytest.raises(ValueError, match="6 images make no full training batch of 16"):
+        images.image_dataset(paths, labels, SPEC, 16, training=True)
+
+
 def test_training_augments_differently_each_epoch_and_repeats_per_seed(bucket):
     paths, labels, _ = bucket
 

@@ -164,3 +164,32 @@ def test_the_readme_is_a_first_page():
     assert len(text.encode()) <= 8 * 1024, len(text.encode())
     for heading in ("## Notebooks", "## The two commands", "## Read more"):
         assert heading in text
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_checkpoints_load_through_hub_and_bfloat16_applies_where_asked(path):
+    """``TFAuto*.from_pretrained`` stops on the PyTorch-named safetensors of nearly every hub
+    checkpoint, and transformers 4's ``AutoTokenizer`` on the tokenizer files transformers
+    5 writes: the notebooks load through ``tpu_helpers.hub``. The bf16 policy is applied
+    whenever its parameter asks for it, on a CPU too."""
+    import re
+
+    code = "\n".join(source(c) for c in load(path)["cells"] if c["cell_type"] == "code")
+    assert not re.search(r"TFAuto\w*\.from_pretrained\(|AutoTokenizer\.from_pretrained\(", code)
+    for line in code.splitlines():
+        if "mixed_bfloat16" in line and line.lstrip().startswith("if "):
+            assert line.split("#")[0].strip() == "if mixed_bfloat16:", line
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_parameter_files_name_the_per_replica_batch_they_scale(path):
+    """``run_notebooks --replicas N`` keeps a run's global batch, per_replica_batch x
+    simulated_replicas as its parameter file gives them: both must be written there."""
+    import yaml
+
+    cell = next(c for c in load(path)["cells"] if "parameters" in c["metadata"].get("tags", []))
+    if "per_replica_batch =" not in source(cell):
+        return
+    for params in sorted((ROOT / "tests" / "params").glob(f"{path.stem}*.yaml")):
+        written = yaml.safe_load(params.read_text())
+        assert {"per_replica_batch", "simulated_replicas"} <= written.keys(), params.name

@@ -52,3 +52,31 @@ def test_no_jobs_is_refused_with_the_fix(capsys):
     with pytest.raises(SystemExit):
         run_notebooks.main(["--jobs", "0"])
     assert "--jobs 0: give 1 or more" in capsys.readouterr().err
+
+
+def test_set_overrides_every_runs_parameters_and_refuses_a_bad_item(capsys):
+    items = ["simulated_replicas=8", "mixed_bfloat16=false", "output_dir=gs://b/run"]
+    assert run_notebooks.parameter_overrides(items) == {
+        "simulated_replicas": 8,
+        "mixed_bfloat16": False,
+        "output_dir": "gs://b/run",
+    }
+    with pytest.raises(SystemExit):
+        run_notebooks.main(["--set", "simulated_replicas"])
+    assert "--set 'simulated_replicas': give NAME=VALUE" in capsys.readouterr().err
+
+
+def test_a_run_on_other_replicas_keeps_its_global_batch():
+    two = {"per_replica_batch": 16, "simulated_replicas": 2, "epochs": 2}
+    assert run_notebooks.at_replicas(two, 8) == {
+        "per_replica_batch": 4,
+        "simulated_replicas": 8,
+        "epochs": 2,
+    }
+    assert run_notebooks.at_replicas(two, 1)["per_replica_batch"] == 32
+    planned = {"replicas": 8, "batch_size": 32}  # notebook 05: the TPU it plans for
+    assert run_notebooks.at_replicas(planned, 1) == {"replicas": 1, "batch_size": 32}
+    with pytest.raises(ValueError, match="global batch of 32 does not split over 3 replicas"):
+        run_notebooks.at_replicas(two, 3)
+    with pytest.raises(ValueError, match="--replicas 0: give 1 or more"):
+        run_notebooks.at_replicas(two, 0)

@@ -3,6 +3,8 @@
     python tools/run_notebooks.py                  # the main job: build/notebooks + report
     python tools/run_notebooks.py --prepare-only   # inject parameters only (for nbval)
     python tools/run_notebooks.py --only 00        # one notebook
+    python tools/run_notebooks.py --replicas 8 --set mixed_bfloat16=false
+                                    # every run on 8 replicas (same global batch), float32
     python tools/run_notebooks.py --exercises --prepare-only --out workshop
                                     # the exercise edition, with the offline parameters
 
@@ -59,6 +61,43 @@ def notebook_parameters(path: Path, build: Path, outputs: Path) -> dict:
     return yaml.safe_load(text) or {}
 
 
+def check_replicas(replicas: int) -> None:
+    if replicas < 1:
+        raise ValueError(f"--replicas {replicas}: give 1 or more (1 is Colab's one chip).")
+
+
+def at_replicas(parameters: dict, replicas: int, name: str = "the parameters") -> dict:
+    """A run's parameters on ``replicas`` simulated replicas (``simulated_replicas``, and
+    ``replicas``, the TPU a notebook plans for), with the same global batch: the parameter
+    file chose the sizes (how many steps an epoch takes), the replica count is the shape."""
+    check_replicas(replicas)
+    out = dict(parameters)
+    if "simulated_replicas" in out and "per_replica_batch" in out:
+        global_batch = out["per_replica_batch"] * max(out["simulated_replicas"], 1)
+        if global_batch % replicas:
+            raise ValueError(
+                f"{name}: a global batch of {global_batch} does not split over {replicas}"
+                f" replicas. Fix: a per_replica_batch there that {replicas} divides after"
+                " scaling, or another replica count."
+            )
+        out["per_replica_batch"] = global_batch // replicas
+    for key in ("simulated_replicas", "replicas"):
+        if key in out:
+            out[key] = replicas
+    return out
+
+
+def parameter_overrides(items: list[str]) -> dict:
+    """``--set NAME=VALUE`` items as parameters, each value read as YAML (``8``, ``false``)."""
+    overrides = {}
+    for item in items:
+        name, equals, value = item.partition("=")
+        if not equals or not name.isidentifier():
+            raise ValueError(f"--set {item!r}: give NAME=VALUE, e.g. --set simulated_replicas=8.")
+        overrides[name] = yaml.safe_load(value)
+    return overrides
+
+
 @contextlib.contextmanager
 def stderr_to(path: Path):
     """Send this process's file descriptor 2, and so that of every process it starts (a
@@ -88,6 +127,21 @@ def main(argv: list[str] | None = None) -> int:
         "--no-variants", action="store_true", help="only <stem>.yaml, not <stem>.<variant>.yaml"
     )
     parser.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="run every notebook on this many simulated replicas, with the global batch its"
+        " parameter file gives (the per-replica batch scaled to keep it)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a parameter for every run, over its CPU parameters (a YAML value:"
+        " --set simulated_replicas=8 --set mixed_bfloat16=true)",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         default=min(os.cpu_count() or 1, 4),
@@ -96,6 +150,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: give 1 or more notebooks to execute at a time.")
+    try:
+        overrides = parameter_overrides(args.set)
+        if args.replicas is not None:
+            check_replicas(args.replicas)
+    except ValueError as error:
+        parser.error(str(error))
+
+    def parameters_of(params_file: Path) -> dict:
+        parameters = notebook_parameters(params_file, build, out / "outputs")
+        if args.replicas is not None:
+            parameters = at_replicas(parameters, args.replicas, params_file.name)
+        return {**parameters, **overrides}
 
     import tpu_helpers  # noqa: F401  (environment flags)
     from tpu_helpers.fixtures import build_fixtures
@@ -120,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         dict(
             notebook=str(nb),
             target=str(out / f"{name}.ipynb"),
-            parameters=notebook_parameters(params_file, build, out / "outputs"),
+            parameters=parameters_of(params_file),
             prepare_only=args.prepare_only,
             cwd=str(out),
         )

@@ -46,7 +46,17 @@ leg() {
   elif [ "${#stacks[@]}" -eq 2 ]; then
     extra=(-m "not exercise_run")
   fi
-  python tools/run_notebooks.py --prepare-only --out "build/nbval-$stack" "${variants[@]}"
+  # The run users make, one shape per stack: the CPU stack as Colab's free TPU (one v5e
+  # chip) or a CPU runtime runs it, one replica in float32; the TPU stack as Kaggle's
+  # v5e-8, eight replicas in bfloat16 (every notebook's default). The main job
+  # (tools/run.sh) runs the parameter files as written: two replicas, bfloat16.
+  # Each keeps the global batch of the parameter files (their sizes).
+  local shape=(--replicas 1 --set mixed_bfloat16=false)
+  if [ "$stack" = tpu ]; then
+    shape=(--replicas 8)
+  fi
+  python tools/run_notebooks.py --prepare-only --out "build/nbval-$stack" "${variants[@]}" \
+    "${shape[@]}"
   python -m pytest tests "build/nbval-$stack" --nbval-lax --nbval-current-env \
     --nbval-cell-timeout=900 -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=25 \
     "${extra[@]}" "$@"

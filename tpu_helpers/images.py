@@ -653,9 +653,10 @@ def _checked_files(paths, labels, batch_size, training, on_error, max_pixels, nu
     if len(paths) != len(labels):
         raise ValueError(f"{len(paths)} paths but {len(labels)} labels.")
     paths, labels = _usable_files(paths, labels, on_error, max_pixels)
-    if len(paths) < batch_size:
+    if not paths or (training and len(paths) < batch_size):
         raise ValueError(
-            f"{len(paths)} images make no full batch of {batch_size}. Fix: a smaller batch."
+            f"{len(paths)} images make no full training batch of {batch_size} (one step needs"
+            " a full batch on every replica). Fix: a smaller per-replica batch, or more images."
         )
     return _completed(paths, labels, batch_size, training)
 
@@ -682,15 +683,15 @@ def _usable_files(paths: list[str], labels: np.ndarray, on_error: str, max_pixel
 
 def _completed(paths: list[str], labels: np.ndarray, batch_size: int, training: bool):
     """``(paths, labels, weights)``; for evaluation the last batch is completed with
-    copies of the first images, weighted 0."""
+    copies of the first images (over again if there are fewer than a batch), weighted 0."""
     weights = np.ones(len(paths), np.float32)
     if training or not len(paths) % batch_size:
         return paths, labels, weights
-    fill = batch_size - len(paths) % batch_size
+    copies = np.arange(batch_size - len(paths) % batch_size) % len(paths)
     return (
-        paths + paths[:fill],
-        np.concatenate([labels, labels[:fill]]),
-        np.concatenate([weights, np.zeros(fill, np.float32)]),
+        paths + [paths[i] for i in copies],
+        np.concatenate([labels, labels[copies]]),
+        np.concatenate([weights, np.zeros(len(copies), np.float32)]),
     )
 
 
