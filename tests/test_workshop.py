@@ -81,6 +81,7 @@ def test_widths_accepts_good_ones_and_returns_the_share():
         (list(np.percentile(LENGTHS, [50, 90, 100])), r"np.percentile.*\[16, 32, 64\]"),
         ([16.0, 32.0, 64.0], "must be whole numbers of tokens"),
         ([16, 64, 64], "increasing"),
+        ([56, 64], "little more than one width"),  # better than one width, far from the best
     ],
 )
 def test_widths_refuses(widths, message):

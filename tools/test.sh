@@ -46,17 +46,27 @@ leg() {
   elif [ "${#stacks[@]}" -eq 2 ]; then
     extra=(-m "not exercise_run")
   fi
-  # The run users make, one shape per stack: the CPU stack as Colab's free TPU (one v5e
-  # chip) or a CPU runtime runs it, one replica in float32; the TPU stack as Kaggle's
-  # v5e-8, eight replicas in bfloat16 (every notebook's default). The main job
+  # The runs users make: one replica (Colab's free TPU, one v5e chip; a CPU runtime) and
+  # eight (Kaggle's v5e-8), each keeping the global batch of the parameter files (their
+  # sizes). Every notebook runs at both, half of them at eight on each stack (eight
+  # simulated replicas cost about three times two on this CPU); the CPU stack in
+  # float32, the TPU stack in bfloat16 (every notebook's default). The main job
   # (tools/run.sh) runs the parameter files as written: two replicas, bfloat16.
-  # Each keeps the global batch of the parameter files (their sizes).
-  local shape=(--replicas 1 --set mixed_bfloat16=false)
+  local eight=(00 01 05 06) one=(02 03 04 07) precision=(--set mixed_bfloat16=false)
   if [ "$stack" = tpu ]; then
-    shape=(--replicas 8)
+    eight=(02 03 04 07) one=(00 01 05 06) precision=()
   fi
-  python tools/run_notebooks.py --prepare-only --out "build/nbval-$stack" "${variants[@]}" \
-    "${shape[@]}"
+  local replicas
+  for replicas in 8 1; do
+    local only=() n
+    if [ "$replicas" = 8 ]; then
+      for n in "${eight[@]}"; do only+=(--only "$n"); done
+    else
+      for n in "${one[@]}"; do only+=(--only "$n"); done
+    fi
+    python tools/run_notebooks.py --prepare-only --out "build/nbval-$stack" "${variants[@]}" \
+      "${only[@]}" --replicas "$replicas" "${precision[@]}"
+  done
   python -m pytest tests "build/nbval-$stack" --nbval-lax --nbval-current-env \
     --nbval-cell-timeout=900 -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=25 \
     "${extra[@]}" "$@"

@@ -142,6 +142,13 @@ def check_widths(
     best = text.padding_report(
         lengths, text.choose_boundaries(lengths, max_shapes=len(widths), max_length=max_length)
     ).real_token_share
+    if len(widths) > 1 and share < single + 0.5 * (best - single):
+        _fail(
+            exercise,
+            f"these widths keep {share:.1%} real tokens, little more than one width"
+            f" ({single:.1%}), while {len(widths)} widths can keep {best:.1%}. Put the narrow"
+            " widths where most lengths are (np.percentile of the lengths, rounded up to 8).",
+        )
     _ok(
         exercise,
         f"widths {widths}: {share:.1%} real tokens (the best {len(widths)} width(s):"
