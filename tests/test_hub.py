@@ -48,9 +48,7 @@ def save(folder, model, layout="pytorch"):
         model.save_pretrained(folder, safe_serialization=False)
     if layout.startswith("pytorch"):
         sharded = layout == "pytorch-sharded"
-        hub.save_hub_layout(
-            model, folder, max_shard_bytes=fixtures.SHARD_BYTES if sharded else None
-        )
+        hub.save_hub_layout(model, folder, max_shard_bytes=16 * 1024 if sharded else None)
     return folder
 
 
@@ -101,10 +99,12 @@ def test_pytorch_names_and_layouts_are_the_hubs(tmp_path, distilbert):
     assert "vocab_projector.weight" not in shapes and not any("/" in k for k in shapes)
 
 
+@pytest.mark.parametrize("layout", ["pytorch", "pytorch-sharded"])
 @pytest.mark.parametrize("family", packing.FAMILIES)
-def test_each_family_loads_from_pytorch_names_with_a_new_head(tmp_path, family):
+def test_each_family_loads_from_pytorch_names_with_a_new_head(tmp_path, family, layout):
     model = tiny_masked_lm(family)
-    folder = save(tmp_path / family, model)
+    folder = save(tmp_path / family, model, layout)
+    assert hub.find_weights(folder).sharded == (layout == "pytorch-sharded")
     again = hub.from_pretrained(TFAutoModelForMaskedLM, folder)
     assert_same_weights(weights_by_name(model), weights_by_name(again))
     classifier, info = hub.from_pretrained(
