@@ -258,6 +258,14 @@ def test_normalize_must_read_the_constants_of_the_checkpoint():
         workshop.check_normalize(right_normalize, SPEC, pipeline_output(), processor)
     assert vars(processor) == before
 
+    def reads_the_spec(pixels):  # the pipeline's spec, printed above the exercise: right too
+        x = np.asarray(pixels) * SPEC.rescale_factor
+        return np.moveaxis((x - np.asarray(SPEC.mean)) / np.asarray(SPEC.std), -1, -3)
+
+    spec_before = SPEC
+    workshop.check_normalize(reads_the_spec, SPEC, pipeline_output(), processor)
+    assert SPEC == spec_before and SPEC.mean == (0.5, 0.4, 0.3)  # put back
+
 
 def test_head():
     from types import SimpleNamespace
@@ -526,6 +534,39 @@ def test_schedule_more_wrong_answers():
     _, one_step_warmup = create_optimizer(1e-4, 100, 1)
     _raises(workshop.check_schedule, one_step_warmup, 1e-4, 100, 0.1, match="after warmup")
     _raises(workshop.check_schedule, lambda step: 1e-4, 1e-4, 100, 0.1, match="starts at")
+    # a run of 1,000 steps with 5 % warmup: the fraction passed as the number of steps,
+    # and a warmup of one step, both end near the peak at step 50
+    _, fraction_as_steps = create_optimizer(1e-4, 1000, 0.05)
+    _raises(
+        workshop.check_schedule,
+        fraction_as_steps,
+        1e-4,
+        1000,
+        0.05,
+        match="num_warmup_steps is a number of steps",
+    )
+    _, one_step = create_optimizer(1e-4, 1000, 1)
+    _raises(workshop.check_schedule, one_step, 1e-4, 1000, 0.05, match="halfway|after warmup")
+
+    def jump(step):  # 0, then the peak at once at the warmup's last step: no warmup at all
+        return 0.0 if step < 50 else 1e-4 * (1000 - step) / 950
+
+    _raises(workshop.check_schedule, jump, 1e-4, 1000, 0.05, match="halfway")
+    optimizer, schedule = create_optimizer(1e-4, 1000, 50)  # no weight_decay_rate
+    workshop.check_schedule(schedule, 1e-4, 1000, 0.05)
+    _raises(
+        workshop.check_schedule,
+        schedule,
+        1e-4,
+        1000,
+        0.05,
+        "06.2",
+        optimizer,
+        0.01,
+        match="weight decay is 0, not weight_decay=0.01",
+    )
+    decaying, schedule = create_optimizer(1e-4, 1000, 50, weight_decay_rate=0.01)
+    workshop.check_schedule(schedule, 1e-4, 1000, 0.05, optimizer=decaying, weight_decay=0.01)
 
 
 def test_attention_mask():

@@ -9,6 +9,7 @@ by the notebooks' own runs; ``tests/test_workshop.py`` feeds each one wrong answ
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -394,7 +395,7 @@ def check_normalize(
     got = _normalized(normalize, pixels, exercise)
     _compare_normalized(got, expected, pixels, spec, exercise)
     if processor is not None:
-        _check_reads_processor(normalize, pixels, processor, exercise)
+        _check_reads_processor(normalize, pixels, processor, spec, exercise)
     error = float(np.abs(got - expected).max())
     _ok(exercise, f"normalize reproduces the processor's numbers (max difference {error:.1e})")
 
@@ -406,26 +407,19 @@ def _normalized(normalize: Callable, pixels, exercise: str):
         _fail(exercise, f"normalize(pixels) raised {err!r}.")
 
 
-def _check_reads_processor(normalize: Callable, pixels, processor, exercise: str) -> None:
-    """Run ``normalize`` with other constants in ``processor``, then put them back."""
+def _check_reads_processor(normalize: Callable, pixels, processor, spec, exercise: str) -> None:
+    """Run ``normalize`` with other constants in ``processor`` and in ``spec`` (read from
+    it: ``spec.mean`` is as right as ``processor.image_mean``), then put them back."""
     other = {
         "rescale_factor": 1 / 127.5,
         "image_mean": [0.1, 0.2, 0.3],
         "image_std": [0.3, 0.4, 0.5],
     }
     swapped = {**other, "do_rescale": True, "do_normalize": True}
-    missing = object()
-    saved = {name: getattr(processor, name, missing) for name in swapped}
-    try:
-        for name, value in swapped.items():
-            setattr(processor, name, value)
+    in_spec = {"rescale_factor": other["rescale_factor"], "do_normalize": True}
+    in_spec.update(mean=tuple(other["image_mean"]), std=tuple(other["image_std"]))
+    with _swapped(processor, swapped), _swapped(spec, in_spec):
         got = _normalized(normalize, pixels, exercise)
-    finally:  # as it was: the values it had, and no attribute it did not have
-        for name, value in saved.items():
-            if value is missing:
-                delattr(processor, name)
-            else:
-                setattr(processor, name, value)
     x = np.asarray(pixels, np.float64) * other["rescale_factor"]
     want = np.moveaxis((x - other["image_mean"]) / np.asarray(other["image_std"]), -1, -3)
     if got.shape != want.shape or float(np.abs(got - want).max()) > 1e-3:
@@ -436,6 +430,24 @@ def _check_reads_processor(normalize: Callable, pixels, processor, exercise: str
             " written into the code. Read them from processor.rescale_factor,"
             " processor.image_mean and processor.image_std, so the code fits any checkpoint.",
         )
+
+
+@contextlib.contextmanager
+def _swapped(obj, values: dict):
+    """``obj`` with ``values`` set for a moment (a frozen dataclass too), then as it was:
+    the values it had, and no attribute it did not have."""
+    missing = object()
+    saved = {name: getattr(obj, name, missing) for name in values}
+    try:
+        for name, value in values.items():
+            object.__setattr__(obj, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                object.__delattr__(obj, name)
+            else:
+                object.__setattr__(obj, name, value)
 
 
 def _compare_normalized(got, expected, pixels, spec, exercise: str) -> None:
@@ -616,9 +628,12 @@ def check_schedule(
     total_steps: int,
     warmup_fraction: float,
     exercise: str = "06.2",
+    optimizer=None,
+    weight_decay: float | None = None,
 ) -> None:
-    """Warm up linearly from 0 to ``learning_rate`` over ``warmup_fraction`` of the steps,
-    then decay to 0 at ``total_steps``."""
+    """Warm up linearly from 0 to ``learning_rate`` over ``warmup_fraction`` of the steps
+    (halfway there at half the warmup), then decay to 0 at ``total_steps``; with
+    ``optimizer``, its weight decay is ``weight_decay``."""
     warmup = int(warmup_fraction * total_steps)
 
     def at(step):
@@ -631,10 +646,23 @@ def check_schedule(
             f"the rate starts at {start:g}: a freshly initialized model needs a warmup from"
             f" 0 over {warmup} steps (num_warmup_steps).",
         )
-    if not math.isclose(peak, learning_rate, rel_tol=0.05):
+    if not math.isclose(peak, learning_rate, rel_tol=0.01):
         _fail(
-            exercise, f"after warmup ({warmup} steps) the rate is {peak:g}, not {learning_rate:g}."
+            exercise,
+            f"after warmup ({warmup} steps) the rate is {peak:g}, not {learning_rate:g}: the"
+            f" warmup must end at step {warmup} (num_warmup_steps is a number of steps,"
+            " int(warmup_fraction * total_steps)).",
         )
+    half = warmup // 2
+    if warmup >= 4 and not math.isclose(at(half), learning_rate * half / warmup, rel_tol=0.1):
+        _fail(
+            exercise,
+            f"halfway through the warmup (step {half}) the rate is {at(half):g}, not about"
+            f" {learning_rate * half / warmup:g}: the warmup must rise over {warmup} steps."
+            " num_warmup_steps is a number of steps, int(warmup_fraction * total_steps).",
+        )
+    if optimizer is not None and weight_decay is not None:
+        _check_weight_decay(optimizer, weight_decay, exercise)
     end = at(total_steps)
     if end > 0.05 * learning_rate:
         _fail(
@@ -643,6 +671,21 @@ def check_schedule(
             " num_train_steps=total_steps.",
         )
     _ok(exercise, f"0 -> {learning_rate:g} in {warmup} steps, 0 at step {total_steps}")
+
+
+def _check_weight_decay(optimizer, weight_decay: float, exercise: str) -> None:
+    """transformers' ``AdamWeightDecay`` keeps it in ``weight_decay_rate``, Keras' AdamW in
+    ``weight_decay``."""
+    rate = getattr(optimizer, "weight_decay_rate", None)
+    if rate is None:
+        rate = getattr(optimizer, "weight_decay", None)
+    rate = float(rate or 0.0)
+    if not math.isclose(rate, weight_decay, rel_tol=1e-6, abs_tol=1e-12):
+        _fail(
+            exercise,
+            f"the optimizer's weight decay is {rate:g}, not weight_decay={weight_decay:g}:"
+            " create_optimizer(..., weight_decay_rate=weight_decay).",
+        )
 
 
 # --- 07 ---------------------------------------------------------------------------------
