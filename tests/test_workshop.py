@@ -117,6 +117,33 @@ def test_compiled():
     with pytest.raises(Wrong, match="weighted_metrics"):
         workshop.check_compiled(compiled(weighted_metrics=None, metrics=["accuracy"]), 3e-5)
     workshop.check_compiled(compiled(), 3e-5, 32)
+
+
+def test_compiled_accepts_the_transformers_models_own_loss(fixtures_dir):
+    """compile(optimizer=...) without a loss: the model computes its loss from the labels,
+    and the sample weights apply to it (the same weighted loss as Keras' on fillers)."""
+    from transformers import TFAutoModelForSequenceClassification
+
+    losses = []
+    for loss in (None, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)):
+        tf.keras.utils.set_random_seed(0)
+        model = hub.from_pretrained(
+            TFAutoModelForSequenceClassification, fixtures_dir / "tiny-distilbert", num_labels=2
+        )
+        extra = {} if loss is None else {"loss": loss}
+        model.compile(
+            optimizer=tf.keras.optimizers.Adam(learning_rate=3e-5),
+            weighted_metrics=["accuracy"],
+            **extra,
+        )
+        workshop.check_compiled(model, 3e-5)
+        features = {
+            "input_ids": tf.constant([[2, 40, 50, 3]] * 4),
+            "attention_mask": tf.ones((4, 4)),
+        }
+        batch = (features, tf.constant([0, 1, 1, 0]), tf.constant([1.0, 1.0, 1.0, 0.0]))
+        losses.append(model.evaluate(tf.data.Dataset.from_tensors(batch), verbose=0)[0])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
     with pytest.raises(Wrong, match="1 step\\(s\\) per call.*steps_per_execution=32"):
         workshop.check_compiled(compiled(steps_per_execution=None), 3e-5, 32)
     with pytest.raises(Wrong, match="expects one-hot label rows"):

@@ -193,7 +193,7 @@ def check_compiled(
     per_call = int(per_call.numpy()) if per_call is not None else 1
     problem = (
         _optimizer_problem(optimizer, learning_rate)
-        or _loss_problem(getattr(model, "loss", None))  # what was passed to compile
+        or _loss_problem(getattr(model, "loss", None), bool(getattr(model, "_using_dummy_loss", 0)))
         or _weighted_metrics_problem(model)
         or _steps_per_call_problem(per_call, steps_per_execution)
     )
@@ -226,7 +226,13 @@ def _optimizer_problem(optimizer, learning_rate: float) -> str | None:
     return None
 
 
-def _loss_problem(loss) -> str | None:
+def _loss_problem(loss, models_own_loss: bool = False) -> str | None:
+    """``loss`` as passed to ``compile``. ``models_own_loss``: none was, and a transformers
+    model computes its own from the labels (the Hugging Face idiom): a right answer, the
+    sample weights apply to it as to Keras' loss (the same values, seen on a batch with
+    fillers)."""
+    if models_own_loss:
+        return None
     if loss is None or isinstance(loss, str):
         return (
             f"loss={loss!r}: the model returns logits, so pass"
