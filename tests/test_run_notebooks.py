@@ -80,3 +80,15 @@ def test_a_run_on_other_replicas_keeps_its_global_batch():
         run_notebooks.at_replicas(two, 3)
     with pytest.raises(ValueError, match="--replicas 0: give 1 or more"):
         run_notebooks.at_replicas(two, 0)
+
+
+def test_only_picks_runs_by_the_prefix_of_their_names(tmp_path, fixtures_dir):
+    def prepared(*only):
+        out = tmp_path / "-".join(only)
+        args = ["--prepare-only", "--out", str(out), "--replicas", "1"]
+        run_notebooks.main(args + [a for o in only for a in ("--only", o)])
+        return sorted(p.name for p in out.glob("*.ipynb"))
+
+    pairs = "01_text_classification_fit.pairs"
+    assert prepared(pairs) == [f"{pairs}.ipynb"]
+    assert prepared("01") == ["01_text_classification_fit.ipynb", f"{pairs}.ipynb"]

@@ -119,7 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build", default=str(ROOT / "build"), help="build folder")
     parser.add_argument("--out", default=None, help="executed notebooks (default BUILD/notebooks)")
     parser.add_argument("--prepare-only", action="store_true", help="inject parameters, do not run")
-    parser.add_argument("--only", action="append", default=[], help="notebook number prefix")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="a prefix of the runs' names (01, 01_text_classification_fit.pairs)",
+    )
     parser.add_argument(
         "--exercises", action="store_true", help="the exercise edition (notebooks/exercises)"
     )
@@ -174,11 +179,11 @@ def main(argv: list[str] | None = None) -> int:
 
     source = NOTEBOOKS / "exercises" if args.exercises else NOTEBOOKS
     notebooks = sorted(source.glob("[0-9][0-9]_*.ipynb"))
-    if args.only:
-        notebooks = [p for p in notebooks if any(p.name.startswith(o) for o in args.only)]
     if not args.prepare_only:  # a fresh run: nothing resumes an earlier run's checkpoints
         shutil.rmtree(out / "outputs", ignore_errors=True)
     runs = [(nb, name, params) for nb in notebooks for name, params in runs_of(nb)]
+    if args.only:  # a prefix of a run's name: "01" is notebook 01 and its variants
+        runs = [run for run in runs if any(run[1].startswith(o) for o in args.only)]
     if args.no_variants:
         runs = [run for run in runs if run[1] == run[0].stem]
     jobs = 1 if args.prepare_only else min(args.jobs, len(runs))
