@@ -121,16 +121,7 @@ def test_each_family_loads_from_pytorch_names_with_a_new_head(tmp_path, family, 
 
 
 def test_an_image_checkpoint_loads_with_a_head_of_other_size(tmp_path):
-    config = AutoConfig.for_model(
-        "vit",
-        image_size=32,
-        patch_size=8,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=10,
-    )
+    config = AutoConfig.for_model("vit", **fixtures.TINY_VIT)
     tf.keras.utils.set_random_seed(0)
     model = TFAutoModelForImageClassification.from_config(config)
     model(model.dummy_inputs)

@@ -523,22 +523,25 @@ def write_text_corpus(out: Path) -> None:
     (out / "README.md").write_text(_card(files, features, "Python documentation prose (raw text)"))
 
 
+# The tiny ViT's config: 32x32 images in patches of 8, 10 labels.
+TINY_VIT = {
+    "image_size": 32,
+    "patch_size": 8,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "num_labels": 10,
+}
+
+
 def write_tiny_vit(out: Path, seed: int) -> None:
     """An untrained 32x32 ViT with 10 labels and its image processor."""
     import tensorflow as tf
     from transformers import TFViTForImageClassification, ViTConfig, ViTImageProcessor
 
     tf.keras.utils.set_random_seed(seed)
-    config = ViTConfig(
-        image_size=32,
-        patch_size=8,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=10,
-    )
-    model = TFViTForImageClassification(config)
+    model = TFViTForImageClassification(ViTConfig(**TINY_VIT))
     model(model.dummy_inputs)
     processor = ViTImageProcessor(
         size={"height": 32, "width": 32}, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5]
