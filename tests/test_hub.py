@@ -42,13 +42,9 @@ def tiny_masked_lm(family: str):
 
 
 def save(folder, model, layout="pytorch"):
-    """A checkpoint folder of ``model`` in ``layout`` (the tokenizer plays no part here)."""
-    folder.mkdir(parents=True)
-    if layout in ("pytorch+h5", "tf-h5"):
-        model.save_pretrained(folder, safe_serialization=False)
-    if layout.startswith("pytorch"):
-        sharded = layout == "pytorch-sharded"
-        hub.save_hub_layout(model, folder, max_shard_bytes=16 * 1024 if sharded else None)
+    """A checkpoint folder of ``model`` in ``layout`` (no tokenizer: none plays a part here;
+    shards of 16 KiB, so that even ALBERT's shared layers span several)."""
+    fixtures.save_checkpoint(folder, model, layout=layout, shard_bytes=16 * 1024)
     return folder
 
 
@@ -72,6 +68,9 @@ def test_every_layout_loads_every_weight_as_saved(tmp_path, distilbert, layout):
         assert len(weights.files) > 1
     loaded = hub.from_pretrained(TFAutoModelForMaskedLM, folder)
     assert_same_weights(weights_by_name(distilbert), weights_by_name(loaded))
+    # use_safetensors, as a user passes it to from_pretrained: the files found decide
+    again = hub.from_pretrained(TFAutoModelForMaskedLM, folder, use_safetensors=False)
+    assert_same_weights(weights_by_name(distilbert), weights_by_name(again))
 
 
 @pytest.mark.parametrize("layout", ["pytorch", "pytorch-sharded"])

@@ -304,9 +304,12 @@ LAYOUTS = ("pytorch", "pytorch+h5", "pytorch-sharded", "tf-h5")
 SHARD_BYTES = 64 * 1024  # tiny checkpoints still span several shards
 
 
-def save_checkpoint(out: Path, model, tokenizer, layout: str = "pytorch") -> None:
-    """Save ``model`` (a TF class) and ``tokenizer`` (or an image processor) into ``out`` in
-    ``layout``: one of ``LAYOUTS``, optionally followed by ``+transformers5``."""
+def save_checkpoint(
+    out: Path, model, tokenizer=None, layout: str = "pytorch", shard_bytes: int = SHARD_BYTES
+) -> None:
+    """Save ``model`` (a TF class) and ``tokenizer`` (or an image processor; none: the
+    weights and config alone) into ``out`` in ``layout``: one of ``LAYOUTS``, optionally
+    followed by ``+transformers5``; shards of at most ``shard_bytes``."""
     from tpu_helpers import hub
 
     weights, _, version = layout.partition("+transformers")
@@ -320,8 +323,9 @@ def save_checkpoint(out: Path, model, tokenizer, layout: str = "pytorch") -> Non
         model.save_pretrained(out, safe_serialization=False)  # config.json + tf_model.h5
     if weights.startswith("pytorch"):
         sharded = weights == "pytorch-sharded"
-        hub.save_hub_layout(model, out, max_shard_bytes=SHARD_BYTES if sharded else None)
-    tokenizer.save_pretrained(out)
+        hub.save_hub_layout(model, out, max_shard_bytes=shard_bytes if sharded else None)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
     if version:
         as_saved_by_transformers5(out)
 

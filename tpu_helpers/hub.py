@@ -151,6 +151,7 @@ def from_pretrained(model_class, checkpoint, **kwargs):
     checkpoint = str(checkpoint)
     if kwargs.get("from_pt"):  # the caller has PyTorch and asks for its pickles
         return model_class.from_pretrained(checkpoint, **kwargs)
+    kwargs.pop("use_safetensors", None)  # the files found decide it
     weights = find_weights(checkpoint, **_hub_options(kwargs))
     if weights.layout == "pytorch-pickle":
         raise CheckpointFormatError(
@@ -211,7 +212,6 @@ def _from_pytorch_names(model_class, checkpoint: str, weights: Weights, kwargs: 
     kwargs = dict(kwargs)
     ignore_mismatched = kwargs.pop("ignore_mismatched_sizes", False)
     with_info = kwargs.pop("output_loading_info", False)
-    kwargs.pop("use_safetensors", None)
     config = kwargs.pop("config", None)
     options = {k: kwargs.pop(k) for k in HUB_OPTIONS if k in kwargs}
     if config is None:
