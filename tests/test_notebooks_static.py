@@ -193,3 +193,38 @@ def test_parameter_files_name_the_per_replica_batch_they_scale(path):
     for params in sorted((ROOT / "tests" / "params").glob(f"{path.stem}*.yaml")):
         written = yaml.safe_load(params.read_text())
         assert {"per_replica_batch", "simulated_replicas"} <= written.keys(), params.name
+
+
+def _helper_names_used(code: str) -> set[tuple[str, str]]:
+    """``(module, name)`` for every ``tpu_helpers`` module name a notebook uses:
+    ``from tpu_helpers.m import n`` and ``m.n`` after ``from tpu_helpers import m``."""
+    import re
+
+    used = set()
+    modules = set()
+    for line in code.splitlines():
+        found = re.match(r"\s*from tpu_helpers(?:\.(\w+))? import (.+)", line)
+        if found:
+            names = [n.strip().split(" as ")[0] for n in found[2].strip("()").split(",")]
+            if found[1]:
+                used |= {(found[1], n) for n in names if n}
+            else:
+                modules |= {n for n in names if n}
+    for module in modules:
+        used |= {(module, n) for n in re.findall(rf"\b{module}\.(\w+)", code)}
+    return used
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_use_only_declared_helper_names(path):
+    """What a notebook takes from tpu_helpers is each module's public interface (``__all__``),
+    so that a reader finds it declared where it lives."""
+    import importlib
+
+    code = "\n".join(source(c) for c in load(path)["cells"] if c["cell_type"] == "code")
+    undeclared = []
+    for module, name in sorted(_helper_names_used(code)):
+        declared = getattr(importlib.import_module(f"tpu_helpers.{module}"), "__all__", ())
+        if name not in declared:
+            undeclared.append(f"{module}.{name}")
+    assert not undeclared, f"not in their module's __all__: {undeclared}"

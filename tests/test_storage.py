@@ -39,3 +39,11 @@ def test_save_and_reload_through_a_bucket_like_path(fixtures_dir, tmp_path):
     assert "SAME True" in out
     assert "MISSING ram://bucket/missing does not exist" in out
     assert not os.path.exists("ram:")
+
+
+def test_shared_paths_are_network_file_systems_and_ram_is_one_process():
+    from tpu_helpers.records import SHARED_SCHEMES
+    from tpu_helpers.storage import is_shared
+
+    assert is_shared("gs://bucket/x") and not is_shared("ram://b/y")
+    assert not is_shared("/tmp/x") and SHARED_SCHEMES[0] == "gs://"

@@ -12,28 +12,36 @@ taken back: the run must go on from its last checkpoint with nothing lost or don
   cannot be read falls back to the one before, saying so; ``run.json`` beside the
   checkpoints records what they belong to (steps per epoch, batch, data set ...) and another
   run is refused, with the difference named, before any step.
-* ``fit_resumable``: Keras ``fit`` one epoch per call, each from
-  ``dataset_fn(epoch, skip_steps)``, with a checkpoint every ``every_steps`` steps and/or
+* ``fit_resumable``: Keras ``fit`` one epoch per call, each from a ``pipeline.Batches``
+  (``batches.distribute(strategy, epoch, skip_steps=...)``), with a checkpoint every ``every_steps`` steps and/or
   ``every_minutes`` minutes (at the end of the ``steps_per_execution`` call that reaches
   them) and at each epoch's end. It saves step 0 before training, so running it again in
   the same kernel after an interrupt restores the last checkpoint instead of training on
   from weights the interrupted call had moved. ``initial_epoch`` keeps callbacks (TensorBoard
   logs) counting on.
 
->>> # fit_resumable(model, lambda epoch, skip: make(epoch, skip), steps, 3, "gs://b/run/ckpt",
->>> #               every_minutes=10, run={"global_batch": 128}, callbacks=[log.callback()])
+>>> # fit_resumable(model, text.text_batches(train, global_batch=128, boundaries=[32, 64]),
+>>> #               3, "gs://b/run/ckpt", every_minutes=10, callbacks=[log.callback()])
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
 from collections.abc import Callable
 
-import tpu_helpers._env  # noqa: F401
 from tpu_helpers.checks import first_line
 from tpu_helpers.validate import check_positive
+
+__all__ = [
+    "CheckpointMismatchError",
+    "RunCheckpoints",
+    "fit_resumable",
+    "model_config",
+    "data_errors_explained",
+]
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -196,10 +204,11 @@ def _build_optimizer(model) -> None:
 
 def fit_resumable(
     model,
-    dataset_fn: Callable[[int, int], object],
-    steps_per_epoch: int,
+    train,
     epochs: int,
     checkpoint_dir: str,
+    *,
+    validation=None,
     every_steps: int | None = None,
     every_minutes: float | None = None,
     run: dict | None = None,
@@ -208,20 +217,62 @@ def fit_resumable(
     log: Callable[[str], None] = print,
     **fit_kwargs,
 ) -> dict:
-    """Train a compiled Keras ``model`` to ``epochs`` epochs, resuming from the newest
-    checkpoint in ``checkpoint_dir`` (see the module doc).
+    """Train a compiled Keras ``model`` on ``train`` (a ``pipeline.Batches``) to ``epochs``
+    epochs, resuming from the newest checkpoint in ``checkpoint_dir`` (see the module doc).
 
-    ``dataset_fn(epoch, skip_steps)`` returns epoch ``epoch``'s dataset (plain or
-    distributed) starting ``skip_steps`` steps in; it must give the same batches for the
-    same epoch in every process (seeded by the epoch: ``text.make_text_dataset(seed=epoch,
-    skip_steps=...)``, ``records.read_records(epoch=..., skip_steps=...)``). ``run`` adds to
-    what the checkpoints must match (``steps_per_epoch`` always). ``fit_kwargs`` go to every
-    ``fit`` call (``validation_data``, ``verbose`` ...). Saves come at every epoch's end,
-    and after ``every_steps`` steps or ``every_minutes`` minutes (``None`` or 0: never by
-    that measure). Returns the ``History`` dict of
-    every epoch of the run, those of earlier processes included (``history.json``).
+    Each epoch is ``train.distribute(model.distribute_strategy, epoch, skip_steps=...)``:
+    the same batches in every process, so a resumed epoch goes on where the checkpoint
+    was. ``validation`` (a ``Batches`` too) is evaluated at each epoch's end. Before any
+    step, rows wider than the model's positions are refused. ``run`` adds to what the
+    checkpoints must match (the steps per epoch and the global batch always).
+    ``fit_kwargs`` go to every ``fit`` call (``verbose`` ...). Saves come at every epoch's
+    end, and after ``every_steps`` steps or ``every_minutes`` minutes (``None`` or 0: never
+    by that measure). A data error met while reading (a corrupt shard) is raised with what
+    ``train`` can say of it (the shard, the fix). Returns the ``History`` dict of every
+    epoch of the run, those of earlier processes included (``history.json``).
     """
-    check_positive(steps_per_epoch=steps_per_epoch, epochs=epochs)
+    from tpu_helpers.pipeline import require_batches
+
+    train = require_batches(train, "fit_resumable")
+    check_positive(epochs=epochs)
+    _check_save_every(every_steps, every_minutes, checkpoint_dir)
+    strategy = model.distribute_strategy
+    steps_per_epoch = train.steps_on(strategy)
+    train.check_positions(model_config(model))
+    if validation is not None:
+        validation = require_batches(validation, "fit_resumable(validation=)")
+        fit_kwargs["validation_data"] = validation.distribute(strategy)
+        fit_kwargs["validation_steps"] = validation.steps_on(strategy)
+    run = {"steps_per_epoch": steps_per_epoch, "global_batch": train.global_batch, **(run or {})}
+    checkpoints = RunCheckpoints(checkpoint_dir, model, model.optimizer, run, max_to_keep, log)
+    _build_optimizer(model)
+    start = checkpoints.restore()
+    if not checkpoints.manager.latest_checkpoint:
+        checkpoints.save()  # step 0: what a re-run after an early interrupt starts from
+    if start >= steps_per_epoch * epochs:
+        log(f"already trained: step {start} of {steps_per_epoch * epochs}")
+        return _History(checkpoint_dir).merged()
+    saver = _saver(checkpoints, every_steps, every_minutes)
+    history = _History(checkpoint_dir)
+    for epoch in range(start // steps_per_epoch, epochs):
+        skip = checkpoints.step - epoch * steps_per_epoch
+        with data_errors_explained(train, f"epoch {epoch + 1} after step {checkpoints.step}"):
+            done = model.fit(
+                train.distribute(strategy, epoch, skip_steps=skip),
+                initial_epoch=epoch,
+                epochs=epoch + 1,
+                steps_per_epoch=steps_per_epoch - skip,
+                callbacks=[*callbacks, saver],
+                **fit_kwargs,
+            )
+        history.add(epoch, done.history)  # before the save: a kill between the two redoes
+        if checkpoints.step != saver.last_step:  # the epoch's end, whose row it replaces
+            log(f"checkpoint step {checkpoints.step}: {checkpoints.save()}")
+            saver.last_step, saver.last_time = checkpoints.step, time.monotonic()
+    return history.merged()
+
+
+def _check_save_every(every_steps, every_minutes, checkpoint_dir) -> None:
     if every_steps:  # None or 0: no saves by step count
         check_positive(every_steps=every_steps)
     minutes_ok = isinstance(every_minutes, (int, float)) and not isinstance(every_minutes, bool)
@@ -236,32 +287,37 @@ def fit_resumable(
             f"checkpoint_dir={checkpoint_dir!r} must be a folder path (local or gs://). Fix:"
             " f'{output_dir}/checkpoints'."
         )
-    run = {"steps_per_epoch": steps_per_epoch, **(run or {})}
-    checkpoints = RunCheckpoints(checkpoint_dir, model, model.optimizer, run, max_to_keep, log)
-    _build_optimizer(model)
-    start = checkpoints.restore()
-    if not checkpoints.manager.latest_checkpoint:
-        checkpoints.save()  # step 0: what a re-run after an early interrupt starts from
-    if start >= steps_per_epoch * epochs:
-        log(f"already trained: step {start} of {steps_per_epoch * epochs}")
-        return _History(checkpoint_dir).merged()
-    saver = _saver(checkpoints, every_steps, every_minutes)
-    history = _History(checkpoint_dir)
-    for epoch in range(start // steps_per_epoch, epochs):
-        skip = checkpoints.step - epoch * steps_per_epoch
-        done = model.fit(
-            dataset_fn(epoch, skip),
-            initial_epoch=epoch,
-            epochs=epoch + 1,
-            steps_per_epoch=steps_per_epoch - skip,
-            callbacks=[*callbacks, saver],
-            **fit_kwargs,
-        )
-        history.add(epoch, done.history)  # before the save: a kill between the two redoes
-        if checkpoints.step != saver.last_step:  # the epoch's end, whose row it replaces
-            log(f"checkpoint step {checkpoints.step}: {checkpoints.save()}")
-            saver.last_step, saver.last_time = checkpoints.step, time.monotonic()
-    return history.merged()
+
+
+def model_config(model):
+    """The transformers config of ``model`` (or of the model a wrapper holds), or None."""
+    for candidate in (model, getattr(model, "inner", None)):
+        config = getattr(candidate, "config", None)
+        if config is not None and hasattr(config, "model_type"):
+            return config
+    return None
+
+
+@contextlib.contextmanager
+def data_errors_explained(batches, where: str):
+    """Re-raise a data error met while reading ``batches`` (a corrupt record, a broken
+    image) with what the pipeline can say of it: the file, and the fix."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
+        explained = batches.explain_error(err)
+        if isinstance(err, tf.errors.DataLossError) and explained is None:
+            explained = (
+                f"A record file of the training data is corrupt ({first_line(err)});"
+                " TensorFlow does not say which file. Fix: records.verify_records(<metadata"
+                " or folder>) names the shard; copy it again, or read with"
+                " on_corrupt='skip'. The last checkpoint is intact."
+            )
+        if explained is None:
+            raise
+        raise type(err)(err.node_def, err.op, f"Read in {where}: {explained}") from err
 
 
 class _History:

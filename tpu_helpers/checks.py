@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = [
+    "Check",
+    "first_line",
+]
+
 PASS, WARN, SKIP, FAIL = "PASS", "WARN", "SKIP", "FAIL"
 
 

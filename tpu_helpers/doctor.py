@@ -24,6 +24,22 @@ from tpu_helpers.runtime import (
     minor,
 )
 
+__all__ = [
+    "DoctorFacts",
+    "check_tensorflow",
+    "check_tf_keras",
+    "check_transformers",
+    "check_datasets",
+    "check_legacy_keras",
+    "check_tpu_visible",
+    "check_tensorflow_tpu_recognised",
+    "check_libtpu",
+    "check_datasets_sees_tf",
+    "CHECKS",
+    "gather_facts",
+    "doctor",
+]
+
 
 @dataclass(frozen=True)
 class DoctorFacts:

@@ -36,7 +36,38 @@ import re
 import shutil
 from pathlib import Path
 
-import tpu_helpers._env  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+__all__ = [
+    "FIXTURES_VERSION",
+    "COLA_SPLITS",
+    "COLA_LABELS",
+    "MRPC_SPLITS",
+    "MRPC_LABELS",
+    "BEANS_CLASSES",
+    "BEANS_SPLITS",
+    "BEANS_SIZE",
+    "cola_like_sentence",
+    "make_cola_like",
+    "paraphrase_pair",
+    "make_mrpc_like",
+    "write_cola",
+    "write_mrpc",
+    "write_tiny_distilbert",
+    "LAYOUTS",
+    "SHARD_BYTES",
+    "save_checkpoint",
+    "as_saved_by_transformers5",
+    "TOKENIZER_KINDS",
+    "train_tokenizer",
+    "tiny_config",
+    "write_tiny_checkpoint",
+    "write_text_corpus",
+    "TINY_VIT",
+    "write_tiny_vit",
+    "leaf_image",
+    "write_beans",
+    "build_fixtures",
+]
+
 
 FIXTURES_VERSION = 7
 COLA_SPLITS = {"train": 8551, "validation": 1043}

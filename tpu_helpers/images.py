@@ -21,10 +21,33 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import tpu_helpers._env  # noqa: F401
 from tpu_helpers.checks import first_line
 from tpu_helpers.validate import check_labels as check_label_values
 from tpu_helpers.validate import check_positive
+
+__all__ = [
+    "ImageSpec",
+    "rebase_paths",
+    "check_labels",
+    "MAX_PIXELS",
+    "image_size",
+    "image_problem",
+    "scan_images",
+    "missing_files",
+    "JPEG_SUFFIXES",
+    "REDUCED_DECODE_MARGIN",
+    "decode_scale",
+    "decode_image",
+    "resize_like_processor",
+    "load_image",
+    "crop_and_flip",
+    "augment",
+    "normalize",
+    "pixels_of",
+    "image_batches",
+    "write_image_records",
+    "image_record_batches",
+]
 
 _JPEG, _PNG = b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n"
 _OTHER = (b"GIF87a", b"GIF89a", b"BM")
@@ -426,9 +449,8 @@ def decode_image(data, spec: ImageSpec, reduced: bool = False, seed=None):
     """Decode image bytes to the RGB uint8 image of ``spec.height x spec.width`` that the
     processor ``spec`` came from would make.
 
-    ``reduced=True``: the bytes are a JPEG, decoded at its ``decode_scale`` (libjpeg's DCT
-    scaling: far less work for a large photo). Otherwise any of JPEG, PNG, GIF, BMP,
-    decoded in full. Then, as the processor: the resize rule (to a size, or the shorter
+    ``reduced=True``: a JPEG is decoded at its ``decode_scale`` (libjpeg's DCT scaling:
+    far less work for a large photo). Any other JPEG, PNG, GIF or BMP is decoded in full. Then, as the processor: the resize rule (to a size, or the shorter
     side to an edge keeping the aspect ratio), its filter with antialiasing as PIL does it,
     the center crop, the channel order; the result rounded to uint8 as PIL's is. With a
     stateless ``seed`` pair the decoded image is first randomly cropped and flipped
@@ -437,7 +459,11 @@ def decode_image(data, spec: ImageSpec, reduced: bool = False, seed=None):
     import tensorflow as tf
 
     if reduced:
-        image = _decode_reduced(data, *spec.decode_size)
+        image = tf.cond(
+            tf.strings.substr(data, 0, 3) == _JPEG,
+            lambda: _decode_reduced(data, *spec.decode_size),
+            lambda: tf.io.decode_image(data, channels=3, expand_animations=False),
+        )
     else:
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
     if seed is not None:
@@ -491,27 +517,35 @@ def _to_uint8(image):
     return tf.ensure_shape(tf.cast(image + 0.5, tf.uint8), [*image.shape[:2], 3])
 
 
-def _augmentation_seeds(seed: int):
-    """Stateless seed pairs, one per element, new every epoch, the same for one ``seed``."""
+def _augmentation_seed(seed: int, epoch: int, position):
+    """The stateless crop-and-flip seed of the image at ``position`` of ``epoch``."""
+    from tpu_helpers.pipeline import STREAMS, seed_pair
+
+    return seed_pair(seed, epoch, position, STREAMS["augment"])
+
+
+def _batches(ds, spec: ImageSpec, batch_size: int):
+    """``(uint8 image, label, weight)`` rows -> full batches of ``({"pixel_values"},
+    labels, weights)``, normalized per batch, prefetched."""
     import tensorflow as tf
 
-    return tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-
-
-def _batches(ds, spec: ImageSpec, batch_size: int, steps: int, with_weights: bool):
-    """Full batches of uint8 images -> ``({"pixel_values"}, labels[, weights])``,
-    normalized per batch, prefetched, with ``steps`` asserted and stored."""
-    import tensorflow as tf
-
-    def finish(image, label, *weight):
-        features = {"pixel_values": normalize(image, spec)}
-        return (features, label, *weight) if with_weights else (features, label)
+    def finish(image, label, weight):
+        return {"pixel_values": normalize(image, spec)}, label, weight
 
     ds = ds.batch(batch_size, drop_remainder=True)
-    ds = ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
-    ds.steps = steps
-    return ds
+    return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def _epoch_rows(n: int, batch_size: int, order, skip_steps: int):
+    """``(rows, weights, positions)`` of an epoch from step ``skip_steps`` on: ``order``
+    (a permutation of ``n``) completed to full batches with weight-0 copies of its first
+    rows."""
+    steps = -(-n // batch_size)
+    fill = order[np.arange(steps * batch_size - n) % n]
+    first = skip_steps * batch_size
+    rows = np.concatenate([order, fill])[first:]
+    weights = (np.arange(steps * batch_size) < n).astype(np.float32)[first:]
+    return rows, weights, np.arange(first, steps * batch_size)
 
 
 def crop_and_flip(image, seed):
@@ -521,9 +555,9 @@ def crop_and_flip(image, seed):
 
     shape = tf.shape(image)
     side = tf.random.stateless_uniform([], seed + 1, 0.8, 1.0)
-    crop = [
-        tf.cast(side * tf.cast(shape[0], tf.float32), tf.int32),
-        tf.cast(side * tf.cast(shape[1], tf.float32), tf.int32),
+    crop = [  # at least one pixel: a 1x1 image stays an image
+        tf.maximum(tf.cast(side * tf.cast(shape[0], tf.float32), tf.int32), 1),
+        tf.maximum(tf.cast(side * tf.cast(shape[1], tf.float32), tf.int32), 1),
         3,
     ]
     image = tf.image.stateless_random_crop(image, crop, seed + 2)
@@ -567,84 +601,105 @@ def pixels_of(pixel_values, spec: ImageSpec) -> np.ndarray:
 
 
 # --- the pipeline -----------------------------------------------------------------------
-def image_dataset(
+def image_batches(
     paths: Sequence[str],
     labels: Sequence[int],
     spec: ImageSpec,
-    batch_size: int,
+    *,
+    global_batch: int,
     training: bool = False,
     seed: int = 0,
     cache: bool = False,
     on_error: str = "raise",
     reduced_decode: bool = True,
     max_pixels: int = MAX_PIXELS,
-    epoch: int = 0,
-    skip_steps: int = 0,
     num_labels: int | None = None,
+    log=print,
 ):
-    """A ``tf.data.Dataset`` of ``({"pixel_values": [B, 3, H, W]}, labels[, weights])``.
+    """The ``pipeline.Batches`` of image files: ``({"pixel_values": [B, 3, H, W]},
+    labels, weights)``.
 
     Labels are checked before any file is read: missing, fractional or negative ones, and
     with ``num_labels`` (the model's) those it has no output for, are named with their row.
 
-    ``training=True``: shuffled every epoch and augmented (``augment``), batches of exactly
-    ``batch_size`` (the last partial one dropped). ``training=False``: in order, not
-    augmented, and the last batch is completed with copies weighted 0, so every image is
-    scored once; elements then carry a third item, the sample weights.
+    ``training=True``: each epoch in the order of ``pipeline.rng(seed, epoch)`` and
+    augmented (``augment``) with seeds of ``(seed, epoch, position)``, so a run resumed in
+    the middle of an epoch sees the batches an uninterrupted one would (the files skipped
+    are not read); fewer images than one batch are refused. ``training=False``: in order,
+    not augmented. Either way the last batch is completed with copies weighted 0: every
+    image counts once per epoch.
 
-    The first pass over the dataset has the order and augmentations of ``(seed, epoch)``
-    alone, and ``skip_steps`` starts it that many batches in (the files skipped are not
-    read): a run resumed in the middle of an epoch (``checkpoints.fit_resumable`` with
-    ``image_dataset(..., epoch=epoch, skip_steps=skip)``) sees the batches an
-    uninterrupted one would. Further passes reshuffle and draw new augmentations.
-
-    When all files are JPEGs, each is decoded at the reduced scale its own size allows
-    (``decode_scale``; ``reduced_decode=False`` turns it off). Before decoding, each
-    image's header is read: more than ``max_pixels`` pixels stops the pipeline naming the
-    file.
+    When all files are JPEGs by name, each JPEG is decoded at the reduced scale its own
+    size allows (``decode_scale``; ``reduced_decode=False`` turns it off); a file of
+    another format so named is decoded in full. Before decoding, each image's header is
+    read: more than ``max_pixels`` pixels stops the pipeline naming the file.
 
     ``cache=True`` keeps the decoded, resized images (uint8) in memory after the first
-    epoch, before augmentation. ``on_error="skip"`` checks every file first and leaves out the
-    missing and broken ones, printing how many; the default raises naming the file.
-    The number of batches (after ``skip_steps``) is on the dataset as ``steps``.
+    epoch, before augmentation (the order then comes from a shuffle seeded by ``(seed,
+    epoch)``). ``on_error="skip"`` checks every file first and leaves out the missing and
+    broken ones, saying how many to ``log``; the default raises naming the file.
     """
     import tensorflow as tf
 
-    paths, labels, weights = _checked_files(
-        paths, labels, batch_size, training, on_error, max_pixels, num_labels
+    from tpu_helpers.pipeline import STREAMS, Batches, rng, seed_pair, seeded_shuffle
+
+    paths, labels = _checked_files(
+        paths, labels, global_batch, training, on_error, max_pixels, num_labels, log
     )
-    steps = len(paths) // batch_size
-    _check_skip_steps(skip_steps, steps, batch_size)
+    n = len(paths)
     load = _loader(spec, reduced_decode and _all_jpeg(paths), max_pixels)
-    ds = tf.data.Dataset.from_tensor_slices((paths, labels, weights))
-    order_seed = seed + 7919 * epoch  # one shuffle and one augmentation stream per epoch
-    skipped = skip_steps * batch_size
+    paths = np.asarray(paths)
+    cached = None
+    if cache:  # built once: every epoch's dataset reads the same cache
+        files = tf.data.Dataset.from_tensor_slices((paths, labels, np.ones(n, np.float32)))
+        cached = files.map(load, num_parallel_calls=tf.data.AUTOTUNE).cache()
 
-    def shuffled(items):  # with the augmentation seeds, then the steps done skipped
-        if not training:
-            return items.skip(skipped)
-        items = items.shuffle(len(paths), seed=order_seed, reshuffle_each_iteration=True)
-        return tf.data.Dataset.zip((items, _augmentation_seeds(order_seed))).skip(skipped)
-
-    if not cache:  # crop and flip (training) before the one resize
-        ds = shuffled(ds)
-        if training:
-            ds = ds.map(lambda item, s: load(*item, seed=s), num_parallel_calls=tf.data.AUTOTUNE)
-        else:
-            ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
-    else:  # the cache holds resized images in file order; shuffled and augmented after it
-        ds = shuffled(ds.map(load, num_parallel_calls=tf.data.AUTOTUNE).cache())
-        if training:
+    def build(epoch, skip_steps, input_context):
+        if cached is not None:
+            return _batches(_from_cache(epoch, skip_steps), spec, global_batch)
+        order = rng(seed, epoch, STREAMS["order"]).permutation(n) if training else np.arange(n)
+        rows, weights, positions = _epoch_rows(n, global_batch, order, skip_steps)
+        ds = tf.data.Dataset.from_tensor_slices((paths[rows], labels[rows], weights, positions))
+        if training:  # crop and flip before the one resize
             ds = ds.map(
-                lambda item, s: (augment(item[0], s), item[1], item[2]),
+                lambda p, y, w, i: load(p, y, w, seed=_augmentation_seed(seed, epoch, i)),
                 num_parallel_calls=tf.data.AUTOTUNE,
             )
-    return _batches(ds, spec, batch_size, steps - skip_steps, with_weights=not training)
+        else:
+            ds = ds.map(lambda p, y, w, i: load(p, y, w), num_parallel_calls=tf.data.AUTOTUNE)
+        return _batches(ds, spec, global_batch)
+
+    def _from_cache(epoch, skip_steps):
+        ds = cached
+        if training:
+            ds = seeded_shuffle(ds, n, seed_pair(seed, tf.constant(epoch, tf.int64), 0))
+        pad = -(-n // global_batch) * global_batch - n
+        fillers = cached.repeat().take(pad).map(lambda x, y, w: (x, y, tf.zeros_like(w)))
+        ds = ds.concatenate(fillers)
+        ds = tf.data.Dataset.zip((ds, tf.data.Dataset.range(n + pad))).skip(
+            skip_steps * global_batch
+        )
+        if training:
+            ds = ds.map(
+                lambda item, i: (augment(item[0], _augmentation_seed(seed, epoch, i)), *item[1:]),
+                num_parallel_calls=tf.data.AUTOTUNE,
+            )
+        else:
+            ds = ds.map(lambda item, i: item)
+        return ds
+
+    return Batches(
+        build,
+        -(-n // global_batch),
+        global_batch,
+        examples=n,
+        name=f"{'training' if training else 'evaluation'} images",
+    )
 
 
-def _checked_files(paths, labels, batch_size, training, on_error, max_pixels, num_labels):
-    """The arguments checked, the files that can be read (see ``on_error``), and for
-    evaluation the last batch completed: ``(paths, labels, weights)``."""
+def _checked_files(paths, labels, batch_size, training, on_error, max_pixels, num_labels, log):
+    """The arguments checked, and the files that can be read (see ``on_error``):
+    ``(paths, labels)``."""
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
     check_positive(batch_size=batch_size)
@@ -652,18 +707,18 @@ def _checked_files(paths, labels, batch_size, training, on_error, max_pixels, nu
     labels = check_label_values(labels, num_labels, "labels").astype(np.int32)
     if len(paths) != len(labels):
         raise ValueError(f"{len(paths)} paths but {len(labels)} labels.")
-    paths, labels = _usable_files(paths, labels, on_error, max_pixels)
+    paths, labels = _usable_files(paths, labels, on_error, max_pixels, log)
     if not paths or (training and len(paths) < batch_size):
         raise ValueError(
             f"{len(paths)} images make no full training batch of {batch_size} (one step needs"
             " a full batch on every replica). Fix: a smaller per-replica batch, or more images."
         )
-    return _completed(paths, labels, batch_size, training)
+    return paths, labels
 
 
-def _usable_files(paths: list[str], labels: np.ndarray, on_error: str, max_pixels: int):
+def _usable_files(paths: list[str], labels: np.ndarray, on_error: str, max_pixels: int, log):
     """``(paths, labels)``: with ``on_error="raise"`` all of them, after checking that the
-    files exist; with ``"skip"`` those that are complete images, the others printed."""
+    files exist; with ``"skip"`` those that are complete images, the others logged."""
     if on_error == "raise":
         missing = missing_files(paths)
         if missing:
@@ -676,55 +731,26 @@ def _usable_files(paths: list[str], labels: np.ndarray, on_error: str, max_pixel
     if not problems:
         return paths, labels
     listed = "\n  ".join(f"{p}: {why}" for p, why in list(problems.items())[:10])
-    print(f"images: skipped {len(problems)} of {len(paths)} files:\n  {listed}")
+    log(f"images: skipped {len(problems)} of {len(paths)} files:\n  {listed}")
     keep = [i for i, p in enumerate(paths) if p not in problems]
     return [paths[i] for i in keep], labels[keep]
 
 
-def _completed(paths: list[str], labels: np.ndarray, batch_size: int, training: bool):
-    """``(paths, labels, weights)``; for evaluation the last batch is completed with
-    copies of the first images (over again if there are fewer than a batch), weighted 0."""
-    weights = np.ones(len(paths), np.float32)
-    if training or not len(paths) % batch_size:
-        return paths, labels, weights
-    copies = np.arange(batch_size - len(paths) % batch_size) % len(paths)
-    return (
-        paths + [paths[i] for i in copies],
-        np.concatenate([labels, labels[copies]]),
-        np.concatenate([weights, np.zeros(len(copies), np.float32)]),
-    )
-
-
-def _check_skip_steps(skip_steps, steps: int, batch_size: int) -> None:
-    if (
-        isinstance(skip_steps, bool)
-        or not isinstance(skip_steps, int)
-        or not 0 <= skip_steps < steps
-    ):
-        raise ValueError(
-            f"skip_steps={skip_steps!r}: an epoch has {steps} batches of {batch_size}, so"
-            f" skip from 0 to {steps - 1}. Fix: resume with the batch size of the run."
-        )
-
-
 def _loader(spec: ImageSpec, jpeg: bool, max_pixels: int):
     """``load(path, label, weight, seed=None)``: the file read, checked (complete, not
-    over ``max_pixels``) and decoded to ``spec`` (augmented with a seed)."""
+    over ``max_pixels``) and decoded to ``spec`` (augmented with a seed). ``jpeg``: the
+    names say JPEG, so JPEGs take the reduced decode (a file of another format so named
+    is decoded in full all the same)."""
     import tensorflow as tf
 
-    broken = (
-        "Fix: replace the file (every name ends in .jpg, so it must be a JPEG: rename a PNG"
-        " so named), or on_error='skip'."
-        if jpeg
-        else "Fix: replace the file, or on_error='skip'."
-    )
-    kind = "Not a complete JPEG image:" if jpeg else "Not a complete JPEG/PNG/GIF/BMP image:"
+    broken = "Fix: replace the file, or on_error='skip'."
+    kind = "Not a complete JPEG/PNG/GIF/BMP image:"
 
     def load(path, label, weight, seed=None):
         data = tf.io.read_file(path)
-        check = tf.debugging.Assert(_valid(data, jpeg_only=jpeg), [kind, path, broken])
+        check = tf.debugging.Assert(_valid(data), [kind, path, broken])
         with tf.control_dependencies([check]):
-            sized = _size_checks(data, path, max_pixels, jpeg_only=jpeg)
+            sized = _size_checks(data, path, max_pixels, jpeg_only=False)
         with tf.control_dependencies(sized):
             image = decode_image(data, spec, jpeg, seed)
         return image, label, weight
@@ -753,45 +779,77 @@ def write_image_records(
     return write_records(rows(), output_dir, split=split, total=len(paths), **kwargs)
 
 
-def image_records_dataset(
+def image_record_batches(
     source: str,
     spec: ImageSpec,
-    batch_size: int,
+    *,
+    global_batch: int,
     training: bool = False,
     seed: int = 0,
     max_pixels: int = MAX_PIXELS,
+    shuffle_buffer: int = 2048,
 ):
-    """Batches like ``image_dataset``'s training ones, read from ``write_image_records``
-    shards: ``({"pixel_values"}, labels)``, full batches, augmented when ``training``."""
+    """The ``pipeline.Batches`` of ``write_image_records`` shards, as ``image_batches``
+    makes them from files: ``({"pixel_values"}, labels, weights)``, the last batch
+    completed with weight-0 copies. ``training=True``: the shard order and a buffer of
+    ``shuffle_buffer`` records shuffled, and the images augmented, from ``(seed, epoch)``
+    alone, so a resumed epoch has the batches of an uninterrupted one; fewer records than
+    one batch are refused."""
     import tensorflow as tf
 
+    from tpu_helpers.pipeline import Batches, seed_pair, seeded_shuffle
     from tpu_helpers.records import open_records
+    from tpu_helpers.records.read import _counted
 
-    opened = open_records(source)
+    check_positive(global_batch=global_batch)
+    opened = _counted(open_records(source), print)
+    n = opened.num_records
+    if not n or (training and n < global_batch):
+        raise ValueError(
+            f"{source} holds {n} image record(s), which make no full training batch of"
+            f" {global_batch} (one step needs a full batch on every replica). Fix: a smaller"
+            " per-replica batch, or more images."
+        )
     files = [s.path for s in opened.shards]
+    compression = opened.compression or ""
     features = {
         "image": tf.io.FixedLenFeature([], tf.string),
         "label": tf.io.FixedLenFeature([], tf.int64),
     }
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    if training:
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    ds = tf.data.TFRecordDataset(ds, compression_type=opened.compression or "")
-    if training:
-        ds = ds.shuffle(2048, seed=seed, reshuffle_each_iteration=True)
+    steps = -(-n // global_batch)
+    where = f"an image record of {source}"
 
-    def load(record, seed=None):
+    def load(record, weight, position, epoch):
         ex = tf.io.parse_single_example(record, features)
-        where = tf.constant(f"an image record of {source}")
-        with tf.control_dependencies(_size_checks(ex["image"], where, max_pixels, jpeg_only=False)):
-            image = decode_image(ex["image"], spec, seed=seed)
-        return image, tf.cast(ex["label"], tf.int32)
+        checks = _size_checks(ex["image"], tf.constant(where), max_pixels, jpeg_only=False)
+        augment_seed = _augmentation_seed(seed, epoch, position) if training else None
+        with tf.control_dependencies(checks):
+            image = decode_image(ex["image"], spec, seed=augment_seed)
+        return image, tf.cast(ex["label"], tf.int32), weight
 
-    if training:  # crop and flip before the one resize
-        ds = tf.data.Dataset.zip((ds, _augmentation_seeds(seed))).map(
-            load, num_parallel_calls=tf.data.AUTOTUNE
+    def build(epoch, skip_steps, input_context):
+        names = tf.constant(files)
+        ds = tf.data.TFRecordDataset(names, compression_type=compression)
+        if training:
+            at = tf.constant(epoch, tf.int64)
+            names = tf.random.experimental.stateless_shuffle(names, seed_pair(seed, at, 0))
+            ds = tf.data.TFRecordDataset(names, compression_type=compression)
+            ds = seeded_shuffle(ds, shuffle_buffer, seed_pair(seed, at, 1))
+        real = ds.map(lambda r: (r, tf.constant(1.0)))
+        fillers = tf.data.TFRecordDataset(files[0], compression_type=compression).repeat()
+        fillers = fillers.take(steps * global_batch - n).map(lambda r: (r, tf.constant(0.0)))
+        ds = tf.data.Dataset.zip(
+            (real.concatenate(fillers), tf.data.Dataset.range(steps * global_batch))
         )
-    else:
-        ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
-    steps = opened.num_records // batch_size
-    return _batches(ds, spec, batch_size, steps, with_weights=False)
+        ds = ds.skip(skip_steps * global_batch).map(
+            lambda item, i: load(*item, i, epoch), num_parallel_calls=tf.data.AUTOTUNE
+        )
+        return _batches(ds, spec, global_batch)
+
+    return Batches(
+        build,
+        steps,
+        global_batch,
+        examples=n,
+        name=f"{'training' if training else 'evaluation'} image records of {source}",
+    )

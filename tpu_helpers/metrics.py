@@ -9,6 +9,16 @@ import numpy as np
 
 from tpu_helpers.validate import check_labels, check_positive, check_same_length
 
+__all__ = [
+    "matthews_correlation",
+    "accuracy",
+    "majority_rate",
+    "logits_of",
+    "predict_classes",
+    "count_examples",
+    "examples_per_second",
+]
+
 
 def _scored(labels, predictions, weights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Labels, predictions and weights as arrays of one length, with some weight to score
@@ -78,18 +88,21 @@ def logits_of(outputs):
     return tf.cast(logits, tf.float32) if logits.dtype != tf.float32 else logits
 
 
-def predict_classes(model, dataset, steps: int, strategy):
-    """Run ``model`` on ``steps`` batches of ``(features, labels, weights)`` from a dataset
-    (plain or distributed by ``strategy``); return ``(labels, predictions, weights)`` as flat arrays.
+def predict_classes(model, batches, strategy):
+    """Run ``model`` on one epoch of ``batches`` (a ``pipeline.Batches`` of ``(features,
+    labels, weights)``) on ``strategy``; return ``(labels, predictions, weights)`` as flat
+    arrays.
 
     Each step runs on every replica (``strategy.run`` in a ``tf.function``) and the
-    per-replica results are gathered to the host. A plain ``tf.data.Dataset`` of global
-    batches is distributed here first.
+    per-replica results are gathered to the host.
     """
     import tensorflow as tf
 
-    if isinstance(dataset, tf.data.Dataset):
-        dataset = strategy.experimental_distribute_dataset(dataset)
+    from tpu_helpers.pipeline import require_batches
+
+    batches = require_batches(batches, "predict_classes")
+    dataset = batches.distribute(strategy)
+    steps = batches.steps_on(strategy)
 
     @tf.function
     def step(features):

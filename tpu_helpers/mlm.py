@@ -22,13 +22,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 
 import numpy as np
 
-import tpu_helpers._env  # noqa: F401
 from tpu_helpers.validate import check_positive
+
+__all__ = [
+    "clean_lines",
+    "CHARACTERS_PER_TOKEN",
+    "leading_text",
+    "train_tokenizer",
+    "check_model_fits",
+    "pack_blocks",
+    "mask_tokens",
+    "step_seed",
+    "mask_batches",
+    "masked_batches",
+    "fill_mask_table",
+    "perplexity",
+]
 
 #: Special tokens per family, in the order their ids are given.
 _SPECIALS = {
@@ -271,11 +286,13 @@ def mask_tokens(
 
 
 def step_seed(seed: int, epoch, step):
-    """The stateless seed pair of one step: ``[seed, epoch * 2**32 + step]``."""
+    """The stateless seed pair of one step's masks: ``pipeline.seed_pair`` of the
+    ``"mask"`` stream, as an int64 tensor ``[2]``."""
     import tensorflow as tf
 
-    offset = tf.cast(epoch, tf.int64) * 2**32 if tf.is_tensor(epoch) else int(epoch) * 2**32
-    return tf.stack([tf.constant(seed, tf.int64), offset + tf.cast(step, tf.int64)])
+    from tpu_helpers.pipeline import STREAMS, seed_pair
+
+    return seed_pair(seed, tf.cast(epoch, tf.int64), step, STREAMS["mask"])
 
 
 def mask_batches(
@@ -286,12 +303,13 @@ def mask_batches(
     first_step: int = 0,
     probability: float = 0.15,
 ):
-    """Mask a ``tf.data`` dataset of id batches (``[B, T]``, or a dict with ``input_ids``,
-    or ``(features, weights)`` from ``records.read_records(..., label_column=None)``):
-    ``({"input_ids"}, labels, weights)``, step ``i`` masked with
-    ``step_seed(seed, epoch, first_step + i)``; rows that ``read_records`` weighted 0 (the
-    copies completing a short batch) get weight 0 at every position. Pass ``first_step`` when resuming an epoch
-    after skipping the steps already done: the masks are the ones of the uninterrupted run.
+    """Mask a ``tf.data`` dataset of id batches (``[B, T]``, a dict with ``input_ids``,
+    or ``(features, labels, weights)`` from a ``pipeline.Batches``):
+    ``({"input_ids"}, labels, weights)``, batch ``i`` masked with
+    ``step_seed(seed, epoch, first_step + i)``; rows weighted 0 (the copies completing a
+    short batch) get weight 0 at every position. Pass ``first_step`` when resuming an
+    epoch after skipping the batches already done: the masks are the uninterrupted run's.
+    ``masked_batches`` does all this for a ``pipeline.Batches``.
     """
     import tensorflow as tf
 
@@ -314,33 +332,61 @@ def mask_batches(
             special,
             probability,
         )
-        if isinstance(element, tuple) and len(element) == 2:
-            # read_records' row weights: the copies completing a short batch count for 0
-            weights = weights * tf.cast(element[1], weights.dtype)[:, None]
+        if isinstance(element, tuple) and len(element) > 1:
+            # the pipeline's row weights: the copies completing a short batch count for 0
+            weights = weights * tf.cast(element[-1], weights.dtype)[:, None]
         # every position of a packed block is a token: no attention_mask (models take all)
         return {"input_ids": masked}, labels, weights
 
     return batches.enumerate().map(mask, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def masked_dataset(
+def masked_batches(
     blocks,
-    batch_size: int,
     tokenizer,
+    *,
+    global_batch: int | None = None,
     seed: int = 0,
-    epoch: int = 0,
     probability: float = 0.15,
 ):
-    """Batches ``({"input_ids"}, labels, weights)`` from blocks (a
-    ``tf.data`` dataset of ``[block_size]`` ids, or an array), masked per step with
-    ``step_seed(seed, epoch, step)``: a fresh mask every epoch, the same one for the same
-    (seed, epoch, step), whatever ran before."""
+    """The ``pipeline.Batches`` of masked-LM batches ``({"input_ids"}, labels, weights)``.
+
+    ``blocks``: a ``pipeline.Batches`` of token blocks (``records.read_records(...,
+    label_column=None)``), or an array ``[n, block_size]`` of them (batched here into
+    ``global_batch`` rows, each epoch in the order of ``pipeline.rng(seed, epoch)``). Each
+    batch is masked with ``step_seed(seed, epoch, step)``: a fresh mask every epoch, the
+    same one for the same (seed, epoch, step) whatever ran before, a resumed epoch
+    included."""
     import tensorflow as tf
 
-    if not isinstance(blocks, tf.data.Dataset):
-        blocks = tf.data.Dataset.from_tensor_slices(np.asarray(blocks, np.int32))
-    batches = blocks.batch(batch_size, drop_remainder=True)
-    return mask_batches(batches, tokenizer, seed, epoch, 0, probability).prefetch(tf.data.AUTOTUNE)
+    from tpu_helpers.pipeline import Batches, from_arrays
+
+    _require_mask_token(tokenizer)
+    if not isinstance(blocks, Batches):
+        if global_batch is None:
+            raise ValueError(
+                "masked_batches of an array needs global_batch=. Fix: the rows per step."
+            )
+        ids = np.asarray(blocks, np.int32)
+        blocks = from_arrays(
+            {"input_ids": ids},
+            np.zeros(len(ids), np.int32),
+            global_batch=global_batch,
+            seed=seed,
+            name="masked-LM blocks",
+        )
+    source = blocks
+
+    def build(epoch, skip_steps, input_context):
+        local = 1
+        if input_context is not None and source.reads_per_host:  # a batch per replica
+            replicas = input_context.num_replicas_in_sync
+            local = max(1, replicas // input_context.num_input_pipelines)
+        ds = source.build(epoch, skip_steps, input_context)
+        masked = mask_batches(ds, tokenizer, seed, epoch, skip_steps * local, probability)
+        return masked.prefetch(tf.data.AUTOTUNE)
+
+    return dataclasses.replace(source, build=build, name=f"masked {source.name}")
 
 
 def fill_mask_table(model, tokenizer, texts: Sequence[str], k: int = 3, words: int = 12):

@@ -24,8 +24,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import tpu_helpers._env  # noqa: F401
 from tpu_helpers.validate import check_positive
+
+__all__ = [
+    "current_learning_rate",
+    "TrainingLog",
+    "read_scalars",
+    "show_tensorboard",
+    "InputBoundReport",
+    "input_bound_check",
+    "CompileWatch",
+    "capture_profile",
+    "keras_step",
+]
 
 
 def _check_folder(log_dir) -> str:
@@ -289,9 +300,12 @@ def _timed(fn, calls: int) -> float:
     return time.perf_counter() - start
 
 
-def input_bound_check(model, dataset, steps: int = 30, cached_batches: int = 8) -> InputBoundReport:
-    """Measure where a compiled Keras ``model``'s training time goes on ``dataset``, a
-    ``tf.data.Dataset`` of global batches (distributed here by the model's strategy).
+def input_bound_check(
+    model, batches, *, steps: int = 30, cached_batches: int = 8
+) -> InputBoundReport:
+    """Measure where a compiled Keras ``model``'s training time goes on ``batches`` (a
+    ``pipeline.Batches``: its first epoch's global batches, distributed here by the
+    model's strategy).
 
     1. the input pipeline alone: ``steps`` batches pulled inside a ``tf.function``;
     2. the training step alone: ``model``'s own train function on ``cached_batches``
@@ -303,16 +317,12 @@ def input_bound_check(model, dataset, steps: int = 30, cached_batches: int = 8) 
     """
     import tensorflow as tf
 
+    from tpu_helpers.pipeline import require_batches
+
     check_positive(steps=steps, cached_batches=cached_batches)
     if getattr(model, "optimizer", None) is None:
         raise ValueError("Compile the model first (model.compile(...)): the check runs its step.")
-    if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(
-            f"input_bound_check needs a tf.data.Dataset of global batches, not"
-            f" {type(dataset).__name__}: it caches a few of its batches to time the step"
-            " alone. Fix: pass the dataset before distributing it (for example"
-            " text.make_text_dataset or records.read_records without input_context)."
-        )
+    dataset = require_batches(batches, "input_bound_check").dataset(0).repeat()
     per_call = getattr(model, "_steps_per_execution", None)
     per_call = int(per_call.numpy()) if per_call is not None else 1
     dist = _distributed(model, dataset)
@@ -536,13 +546,13 @@ def capture_profile(log_dir: str, run_step: Callable[[], object], steps: int = 5
     return sorted(after - before)
 
 
-def keras_step(model, dataset) -> Callable[[], object]:
-    """One call of ``model``'s own train function on ``dataset`` (what ``fit`` runs per
-    ``steps_per_execution`` steps), for ``capture_profile``. It trains the model."""
-    import tensorflow as tf
+def keras_step(model, batches) -> Callable[[], object]:
+    """One call of ``model``'s own train function on ``batches`` (a ``pipeline.Batches``;
+    what ``fit`` runs per ``steps_per_execution`` steps), for ``capture_profile``. It
+    trains the model."""
+    from tpu_helpers.pipeline import require_batches
 
-    if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(f"keras_step needs a tf.data.Dataset, not {type(dataset).__name__}.")
+    dataset = require_batches(batches, "keras_step").dataset(0)
     iterator = iter(_distributed(model, dataset.repeat()))
     train = model.make_train_function()  # fit's own, if it ran: traced already
     return lambda: train(iterator)

@@ -40,6 +40,24 @@ from tpu_helpers.validate import (
     check_token_counts,
 )
 
+__all__ = [
+    "FAMILIES",
+    "pack_rows",
+    "PackReport",
+    "pack_report",
+    "rows_per_replica",
+    "row_width",
+    "packed_arrays",
+    "unsupported_reason",
+    "block_mask",
+    "same_example",
+    "PackedClassifier",
+    "packed_loss",
+    "packed_batches",
+    "packed_keras_model",
+    "packed_train_step",
+]
+
 FAMILIES = (
     "albert",
     "bert",
@@ -436,10 +454,13 @@ def packed_loss(labels, logits, weights):
 
 
 # --- data and training ------------------------------------------------------------------------
-def _epoch_rows(lengths: Sequence[int], width: int, max_per_row: int, seed: int) -> list:
-    """One epoch's rows: packed with ``seed``, then shuffled with it."""
-    rows = pack_rows(lengths, width, max_per_row, seed)
-    return [rows[i] for i in np.random.default_rng(seed).permutation(len(rows))]
+def _epoch_rows(lengths: Sequence[int], width: int, max_per_row: int, seed: int, epoch: int):
+    """One epoch's rows: packed with ``pipeline.rng(seed, epoch)``'s draws, then shuffled."""
+    from tpu_helpers.pipeline import STREAMS, rng, seed_pair
+
+    pair = seed_pair(seed, epoch, 0, STREAMS["order"])
+    rows = pack_rows(lengths, width, max_per_row, pair)
+    return [rows[i] for i in rng(seed, epoch, STREAMS["fill"]).permutation(len(rows))]
 
 
 def _filled(arrays: dict, rows: int, pad_token_id: int) -> dict:
@@ -452,66 +473,74 @@ def _filled(arrays: dict, rows: int, pad_token_id: int) -> dict:
     return out
 
 
-def packed_dataset(
+def packed_batches(
     input_ids: Sequence[Sequence[int]],
     labels: Sequence[int],
+    *,
     width: int,
-    batch_size: int,
+    global_batch: int,
+    epochs: int,
     max_per_row: int = 8,
     seed: int = 0,
     pad_token_id: int = 0,
-    epochs: int = 1,
     token_type_ids: Sequence[Sequence[int]] | None = None,
     num_labels: int | None = None,
-    epoch: int | None = None,
-    skip_steps: int = 0,
 ):
-    """``(tf.data.Dataset, steps per epoch)``: ``epochs`` epochs of batches of
-    ``batch_size`` packed rows, one shape, ``(features, labels, weights)`` with labels and
-    weights per slot (features with ``token_type_ids`` when they are given: sentence
-    pairs). Epoch ``e`` is packed and its rows shuffled with ``seed + e``, so
-    each epoch groups the examples differently; every epoch has the same number of steps
-    (the most any epoch's packing needs), its last batches completed with empty rows
-    (every weight 0): each example is used exactly once per epoch with weight 1.
+    """The ``pipeline.Batches`` of packed rows: batches of ``global_batch`` rows of
+    ``width`` tokens, one shape, ``(features, labels, weights)`` with labels and weights
+    per slot (features with ``token_type_ids`` when they are given: sentence pairs).
 
-    With ``epoch`` the dataset holds that epoch alone, from step ``skip_steps`` on (the
-    same batches as in the whole run's dataset: what ``checkpoints.fit_resumable`` asks
-    of a ``dataset_fn``). ``dataset.pack_report`` describes the packing of ``epoch`` (or
-    of the first epoch). Labels are checked (whole numbers from 0, below ``num_labels``
-    when it is given)."""
+    Epoch ``e`` is packed and its rows shuffled with ``pipeline.rng(seed, e)``, so each
+    epoch groups the examples differently; each of the run's ``epochs`` epochs has the same
+    number of steps (the most any epoch's packing needs), its last batches completed with
+    empty rows (every weight 0): each example is used exactly once per epoch with weight 1.
+    ``batches.padding`` describes the packing of the first epoch (``pack_report``). Labels
+    are checked (whole numbers from 0, below ``num_labels`` when it is given)."""
     import tensorflow as tf
 
-    check_positive(width=width, batch_size=batch_size, max_per_row=max_per_row, epochs=epochs)
+    from tpu_helpers.pipeline import Batches
+
+    check_positive(width=width, global_batch=global_batch, max_per_row=max_per_row, epochs=epochs)
     check_same_length(input_ids=input_ids, labels=labels, token_type_ids=token_type_ids)
     labels = check_labels(labels, num_labels, "labels")
     lengths = [len(ids) for ids in input_ids]
     _check_some(lengths)
-    packings = [_epoch_rows(lengths, width, max_per_row, seed + e) for e in range(epochs)]
-    steps = max(-(-len(rows) // batch_size) for rows in packings)
-    if epoch is not None and not (0 <= epoch < epochs and 0 <= skip_steps < steps):
-        raise ValueError(
-            f"epoch={epoch}, skip_steps={skip_steps}: a run of {epochs} epochs of {steps}"
-            f" steps has epochs 0 to {epochs - 1} and steps 0 to {steps - 1}. Fix: pass the"
-            " epoch and step that fit_resumable gives the dataset function."
-        )
-    chosen = range(epochs) if epoch is None else [epoch]
-    parts = [
-        _filled(
+    packings = [_epoch_rows(lengths, width, max_per_row, seed, e) for e in range(epochs)]
+    steps = max(-(-len(rows) // global_batch) for rows in packings)
+
+    def build(epoch, skip_steps, input_context):
+        if epoch >= epochs:
+            raise ValueError(
+                f"epoch={epoch}: the packing was planned for {epochs} epochs (0 to"
+                f" {epochs - 1}). Fix: packed_batches(..., epochs=) the run's epochs."
+            )
+        arrays = _filled(
             packed_arrays(
-                input_ids, labels, packings[e], width, max_per_row, pad_token_id, token_type_ids
+                input_ids,
+                labels,
+                packings[epoch],
+                width,
+                max_per_row,
+                pad_token_id,
+                token_type_ids,
             ),
-            steps * batch_size,
+            steps * global_batch,
             pad_token_id,
         )
-        for e in chosen
-    ]
-    first = 0 if epoch is None else skip_steps * batch_size
-    arrays = {k: np.concatenate([p[k] for p in parts])[first:] for k in parts[0]}
-    features = {k: v for k, v in arrays.items() if k not in ("labels", "weights")}
-    ds = tf.data.Dataset.from_tensor_slices((features, arrays["labels"], arrays["weights"]))
-    ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    ds.pack_report = pack_report(lengths, packings[chosen[0]], width)
-    return ds, steps
+        arrays = {k: v[skip_steps * global_batch :] for k, v in arrays.items()}
+        features = {k: v for k, v in arrays.items() if k not in ("labels", "weights")}
+        ds = tf.data.Dataset.from_tensor_slices((features, arrays["labels"], arrays["weights"]))
+        return ds.batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    return Batches(
+        build,
+        steps,
+        global_batch,
+        examples=len(lengths),
+        padding=pack_report(lengths, packings[0], width),
+        max_width=width,
+        name="packed batches",
+    )
 
 
 def packed_keras_model(model):

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "plot_history",
+    "short_name",
+]
+
 
 def plot_history(history: dict, title: str = "training"):
     """Loss and accuracy per epoch, training against validation, side by side.

@@ -15,6 +15,14 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+__all__ = [
+    "METRICS_MIME",
+    "publish_metrics",
+    "summarize_notebook",
+    "render_html",
+    "build_report",
+]
+
 METRICS_MIME = "application/vnd.tpu-helpers.metrics+json"
 
 

@@ -18,6 +18,28 @@ from dataclasses import dataclass, field
 
 from tpu_helpers._env import distribution_version
 
+__all__ = [
+    "STACK",
+    "TRANSFORMERS_PIN",
+    "DATASETS_SPEC",
+    "HUB_SPEC",
+    "TENSORFLOW_PIN",
+    "TENSORFLOW_TPU_PIN",
+    "LIBTPU_PIN",
+    "PROFILE_PLUGIN_PIN",
+    "LIBTPU_KNOWN_GOOD",
+    "TPU_OFFERS",
+    "RuntimeFacts",
+    "minor",
+    "release",
+    "libtpu_loads",
+    "detect_runtime",
+    "install_commands",
+    "pip_argv",
+    "requirement_names",
+    "install",
+]
+
 #: Distributions whose versions decide whether the stack works together.
 STACK = (
     "tensorflow",

@@ -10,10 +10,31 @@ from __future__ import annotations
 import os
 import tempfile
 
+__all__ = [
+    "SHARED_SCHEMES",
+    "is_remote",
+    "is_shared",
+    "copy_tree",
+    "save_pretrained",
+    "local_copy",
+]
+
+
+#: Path schemes that every host of a pod slice reads alike, over a network. ``ram://`` is
+#: not one: it is the memory of one process (a stand-in for a bucket in tests).
+SHARED_SCHEMES = ("gs://", "s3://", "hdfs://", "az://", "abfs://", "http://", "https://")
+
 
 def is_remote(path: str) -> bool:
-    """True for URLs such as ``gs://...`` or ``ram://...``, False for local paths."""
+    """True for a path of a TensorFlow file system (``gs://...``, ``ram://...``) that
+    ``open()`` and ``os.path`` cannot read (only ``tf.io.gfile``); False for local paths."""
     return "://" in str(path)
+
+
+def is_shared(path: str) -> bool:
+    """True for a path every host reads alike over a network (``SHARED_SCHEMES``): what a
+    pod slice's hosts need, and where reads wait on the network (read several at once)."""
+    return str(path).startswith(SHARED_SCHEMES)
 
 
 def copy_tree(source: str, target: str) -> list[str]:

@@ -19,6 +19,14 @@ from tpu_helpers._env import distribution_version
 from tpu_helpers.checks import first_line
 from tpu_helpers.runtime import RuntimeFacts, detect_runtime
 
+__all__ = [
+    "TPUConnectionError",
+    "tpu_candidates",
+    "connect",
+    "describe",
+    "replica_sum",
+]
+
 # The TPU system may be initialised once per process; TensorFlow forces this global on us.
 _TPU_STRATEGIES: dict[str, object] = {}
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import tpu_helpers._env  # noqa: F401  (TF_USE_LEGACY_KERAS before TF loads)
 from tpu_helpers.validate import check_boundaries, check_labels, check_positive, check_present
 
 SCHEMES = ("max_length", "multiple", "buckets")
@@ -149,7 +148,7 @@ def tokenize(
     [SEP]``, ``<s> a </s></s> b </s>``...) and truncated longest-first; a
     ``token_type_ids`` column is added when the model takes them (the tokenizer's
     ``model_input_names``). Tokenizes in batches with ``Dataset.map(batched=True)``.
-    Padding is decided later, per batch, by the boundaries (see ``make_text_dataset``).
+    Padding is decided later, per batch, by the boundaries (see ``text_batches``).
     A missing (``None``) text raises ``ValueError`` with its row.
     """
     columns = [text_column] + ([text_pair_column] if text_pair_column else [])
@@ -400,35 +399,27 @@ def _this_pipelines_rows(indices, widths, weights, input_context):
     return indices, np.repeat(widths, local), weights
 
 
-def make_text_dataset(
+def text_batches(
     split,
+    *,
     global_batch: int,
     boundaries: Sequence[int],
     shuffle: bool = True,
     seed: int = 0,
-    epochs: int = 1,
     label_column: str = "label",
-    input_context=None,
-    skip_steps: int = 0,
     num_labels: int | None = None,
     transform=None,
 ):
-    """A ``tf.data.Dataset`` of ``({"input_ids", "attention_mask"}, labels, weights)``
-    (features with ``token_type_ids`` too when the split has them: sentence pairs).
+    """The ``pipeline.Batches`` of a tokenized split (``tokenize``): elements
+    ``({"input_ids", "attention_mask"}, labels, weights)`` (features with
+    ``token_type_ids`` too when the split has them: sentence pairs).
 
-    ``split`` is a tokenized split (``tokenize``). Each epoch is planned with ``batch_plan``
-    (seed ``seed + epoch``), so shuffling differs per epoch, every batch has one of
-    ``boundaries`` as width, and the weights mark the fillers (0) that keep batches full.
-
-    Without ``input_context`` the elements are global batches of ``global_batch`` rows.
-    With a ``tf.distribute.InputContext`` (from ``distribute_datasets_from_function``) the
-    elements are per-replica batches for the replicas of that input pipeline, in replica
-    order, all replicas of one step sharing one width; a strategy needs that, since
-    replicas that disagree on shapes cannot reduce their gradients.
-
-    ``skip_steps`` starts after that many global steps (resuming mid-epoch from a
-    checkpoint replays none of the steps already done). The number of steps per epoch is on
-    the dataset as ``steps_per_epoch``.
+    Each epoch is planned with ``batch_plan`` (seed ``pipeline.seed_pair(seed, epoch)``),
+    so shuffling differs per epoch, every batch has one of ``boundaries`` as width, and
+    the weights mark the fillers (0) that keep batches full. On a strategy
+    (``batches.distribute``) each host builds the per-replica batches of its own replicas,
+    in replica order, all replicas of one step sharing one width: replicas that disagree
+    on shapes cannot reduce their gradients.
 
     Labels are checked once, here: missing, fractional, negative (GLUE test splits carry
     -1) or, with ``num_labels``, too large values raise ``ValueError`` with the row.
@@ -437,41 +428,53 @@ def make_text_dataset(
     """
     import tensorflow as tf
 
+    from tpu_helpers.pipeline import Batches, seed_pair
+
     boundaries = check_boundaries(boundaries)
+    check_positive(global_batch=global_batch)
     lengths = _checked_lengths(split, label_column)
     # per token columns: input_ids and, for sentence pairs, token_type_ids
     per_token = [c for c in ("input_ids", "token_type_ids") if c in _columns(split)]
     ragged = {c: _ragged(split[c], lengths, boundaries[-1]) for c in per_token}
     labels = tf.constant(check_labels(split[label_column], num_labels, label_column), tf.int32)
-    plans = [
-        batch_plan(lengths, boundaries, global_batch, seed + e, shuffle) for e in range(epochs)
-    ]
-    indices, widths, weights = (
-        np.concatenate(part)[skip_steps:] for part in zip(*plans, strict=True)
+
+    def build(epoch, skip_steps, input_context):
+        plan = batch_plan(lengths, boundaries, global_batch, seed_pair(seed, epoch), shuffle)
+        indices, widths, weights = (part[skip_steps:] for part in plan)
+        rows = global_batch
+        if input_context is not None:
+            rows = input_context.get_per_replica_batch_size(global_batch)
+            indices, widths, weights = _this_pipelines_rows(indices, widths, weights, input_context)
+
+        def gather(idx, width, weight):
+            # the batch dimension is static (a TPU needs it); the width is one of boundaries
+            features = {}
+            for column, values in ragged.items():
+                batch = tf.gather(values, idx)
+                features[column] = tf.ensure_shape(
+                    batch.to_tensor(shape=[rows, width]), [rows, None]
+                )
+            mask = tf.sequence_mask(batch.row_lengths(), width, dtype=tf.int32)
+            features["attention_mask"] = tf.ensure_shape(mask, [rows, None])
+            labels_ = tf.ensure_shape(tf.gather(labels, idx), [rows])
+            return features, labels_, tf.ensure_shape(weight, [rows])
+
+        ds = tf.data.Dataset.from_tensor_slices((indices, widths, weights))
+        ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if transform is not None:
+            ds = transform(ds)
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+    return Batches(
+        build,
+        count_steps(lengths, boundaries, global_batch),
+        global_batch,
+        examples=len(lengths),
+        padding=padding_report(lengths, boundaries),
+        max_width=boundaries[-1],
+        name="text batches",
+        reads_per_host=True,
     )
-    rows = global_batch
-    if input_context is not None:
-        rows = input_context.get_per_replica_batch_size(global_batch)
-        indices, widths, weights = _this_pipelines_rows(indices, widths, weights, input_context)
-
-    def gather(idx, width, weight):
-        # the batch dimension is static (a TPU needs it); the width is one of boundaries
-        features = {}
-        for column, values in ragged.items():
-            batch = tf.gather(values, idx)
-            features[column] = tf.ensure_shape(batch.to_tensor(shape=[rows, width]), [rows, None])
-        mask = tf.sequence_mask(batch.row_lengths(), width, dtype=tf.int32)
-        features["attention_mask"] = tf.ensure_shape(mask, [rows, None])
-        labels_ = tf.ensure_shape(tf.gather(labels, idx), [rows])
-        return features, labels_, tf.ensure_shape(weight, [rows])
-
-    ds = tf.data.Dataset.from_tensor_slices((indices, widths, weights))
-    ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if transform is not None:
-        ds = transform(ds)
-    ds = ds.prefetch(tf.data.AUTOTUNE)
-    ds.steps_per_epoch = len(plans[0][0])
-    return ds
 
 
 def _ragged(column, lengths, width: int):
@@ -482,48 +485,42 @@ def _ragged(column, lengths, width: int):
     return tf.RaggedTensor.from_row_lengths(tokens, np.minimum(lengths, width))
 
 
-def longest_padded_dataset(
-    split, global_batch: int, shuffle: bool = True, seed: int = 0, label_column: str = "label"
+def longest_padded_batches(
+    split, *, global_batch: int, shuffle: bool = True, seed: int = 0, label_column: str = "label"
 ):
     """Random full batches, each padded to its own longest row: what ``prepare_tf_dataset``
-    and ``DataCollatorWithPadding`` do. Shown for comparison: under XLA every new width is
-    a new compilation. Elements are ``({"input_ids", "attention_mask"}, labels, weights)``.
+    and ``DataCollatorWithPadding`` do (the last partial batch dropped, as they do with
+    ``drop_remainder``). Shown for comparison: under XLA every new width is a new
+    compilation. A ``pipeline.Batches`` of ``({"input_ids", "attention_mask"}, labels,
+    weights)``.
     """
     import tensorflow as tf
 
-    lengths = np.asarray(split["length"])
+    from tpu_helpers.pipeline import Batches, rng
+
+    lengths = _checked_lengths(split, label_column)
     ragged = _ragged(split["input_ids"], lengths, int(lengths.max()))
     labels = check_labels(split[label_column], column=label_column)
-    order = np.random.default_rng(seed).permutation(len(lengths)) if shuffle else None
-    if order is not None:
-        ragged, labels = tf.gather(ragged, order), labels[order]
-    ds = tf.data.Dataset.from_tensor_slices((ragged, labels)).batch(
-        global_batch, drop_remainder=True
+    steps = len(lengths) // global_batch
+
+    def build(epoch, skip_steps, input_context):
+        order = rng(seed, epoch).permutation(len(lengths)) if shuffle else np.arange(len(lengths))
+        order = order[skip_steps * global_batch : steps * global_batch]
+        ds = tf.data.Dataset.from_tensor_slices((tf.gather(ragged, order), labels[order]))
+
+        def pad(batch, y):
+            ids = batch.to_tensor()
+            mask = tf.sequence_mask(batch.row_lengths(), tf.shape(ids)[1], dtype=tf.int32)
+            return {"input_ids": ids, "attention_mask": mask}, y, tf.ones([global_batch])
+
+        ds = ds.batch(global_batch, drop_remainder=True)
+        return ds.map(pad).prefetch(tf.data.AUTOTUNE)
+
+    return Batches(
+        build,
+        steps,
+        global_batch,
+        examples=steps * global_batch,
+        max_width=int(lengths.max()),
+        name="longest-padded batches",
     )
-
-    def pad(batch, y):
-        ids = batch.to_tensor()
-        mask = tf.sequence_mask(batch.row_lengths(), tf.shape(ids)[1], dtype=tf.int32)
-        return {"input_ids": ids, "attention_mask": mask}, y, tf.ones([global_batch])
-
-    return ds.map(pad).prefetch(tf.data.AUTOTUNE)
-
-
-def distribute_text_dataset(
-    strategy, split, per_replica_batch: int, boundaries: Sequence[int], **kwargs
-):
-    """``make_text_dataset`` for every replica of ``strategy``, through
-    ``strategy.distribute_datasets_from_function``. Returns ``(dataset, steps_per_epoch)``.
-
-    Accepts ``make_text_dataset``'s keyword arguments (shuffle, seed, epochs, label_column,
-    skip_steps, transform).
-    """
-    global_batch = global_batch_size(per_replica_batch, strategy.num_replicas_in_sync)
-    steps = count_steps(split["length"], boundaries, global_batch)
-
-    def dataset_fn(input_context):
-        return make_text_dataset(
-            split, global_batch, boundaries, input_context=input_context, **kwargs
-        )
-
-    return strategy.distribute_datasets_from_function(dataset_fn), steps

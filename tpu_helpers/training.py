@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import tpu_helpers._env  # noqa: F401
-from tpu_helpers.checkpoints import CheckpointMismatchError, RunCheckpoints
-from tpu_helpers.checks import first_line
+from tpu_helpers.checkpoints import (
+    CheckpointMismatchError,
+    RunCheckpoints,
+    data_errors_explained,
+)
 from tpu_helpers.metrics import logits_of
 from tpu_helpers.observe import current_learning_rate
 from tpu_helpers.validate import check_positive
@@ -164,11 +166,16 @@ class CustomLoop:
         if self.checkpoints:
             self.checkpoints.verify()
 
-    def evaluate(self, dataset, steps: int) -> dict:
+    def evaluate(self, batches) -> dict:
+        """Loss and accuracy over one pass of ``batches`` (a ``pipeline.Batches``; the
+        weight-0 fillers count for nothing)."""
+        from tpu_helpers.pipeline import require_batches
+
+        batches = require_batches(batches, "CustomLoop.evaluate")
         self.val_loss.reset_state()
         self.val_accuracy.reset_state()
-        iterator = iter(dataset)
-        for _ in range(steps):
+        iterator = iter(batches.distribute(self.strategy))
+        for _ in range(batches.steps_on(self.strategy)):
             self._eval_call(*next(iterator))
         return {
             "val_loss": float(self.val_loss.result()),
@@ -177,31 +184,44 @@ class CustomLoop:
 
     def fit(
         self,
-        train_dataset_fn: Callable[[int, int], object],
-        steps_per_epoch: int,
+        train,
         epochs: int,
-        valid_dataset=None,
-        valid_steps: int = 0,
+        *,
+        validation=None,
         checkpoint_every: int | None = None,
         log: Callable[[str], None] = print,
         training_log=None,
     ) -> list[dict]:
-        """Train to ``epochs`` epochs, resuming from the latest checkpoint.
+        """Train on ``train`` (a ``pipeline.Batches`` of ``global_batch`` rows) to
+        ``epochs`` epochs, resuming from the latest checkpoint.
 
-        ``train_dataset_fn(epoch, skip_steps)`` returns the (distributed) dataset of one
-        epoch, starting ``skip_steps`` steps in; it must be deterministic for a given epoch
-        so that a resumed run sees the batches an uninterrupted one would.
-        A checkpoint is written every ``checkpoint_every`` steps (default: each epoch end).
+        Each epoch is ``train.distribute(strategy, epoch, skip_steps=...)``: the same
+        batches in every process, so a resumed run sees the batches an uninterrupted one
+        would. ``validation`` (a ``Batches``) is evaluated at each epoch's end. A
+        checkpoint is written every ``checkpoint_every`` steps (default: each epoch end).
         ``training_log`` (an ``observe.TrainingLog``) gets each epoch's metrics, learning
         rate and rates for TensorBoard. Returns one dict of metrics per epoch trained in
         this call.
         """
         import time
 
-        check_positive(steps_per_epoch=steps_per_epoch, epochs=epochs)
+        from tpu_helpers.checkpoints import model_config
+        from tpu_helpers.pipeline import require_batches
+
+        train = require_batches(train, "CustomLoop.fit")
+        if train.global_batch != self.global_batch:
+            raise ValueError(
+                f"The batches have {train.global_batch} rows per step, the loop divides the"
+                f" loss by global_batch={self.global_batch}: every gradient would be scaled"
+                f" by {train.global_batch}/{self.global_batch}. Fix: one global batch for"
+                " both (per-replica batch x replicas, text.global_batch_size)."
+            )
+        steps_per_epoch = train.steps_on(self.strategy)
+        check_positive(epochs=epochs)
         if checkpoint_every is not None:
             check_positive(checkpoint_every=checkpoint_every)
         checkpoint_every = checkpoint_every or steps_per_epoch
+        train.check_positions(model_config(self.model))
         if self.checkpoints:  # what the restore says (a damaged checkpoint skipped) goes to
             self.checkpoints.log = log  # the same log as the epochs
         start = self.restore()
@@ -211,9 +231,10 @@ class CustomLoop:
             started = time.perf_counter()
             self.train_loss.reset_state()
             self.train_accuracy.reset_state()
-            self._train_epoch(
-                train_dataset_fn(epoch, done), epoch, done, steps_per_epoch, checkpoint_every, log
-            )
+            dataset = train.distribute(self.strategy, epoch, skip_steps=done)
+            where = f"epoch {epoch + 1} after step {self.step}"
+            with data_errors_explained(train, where):
+                self._train_epoch(dataset, done, steps_per_epoch, checkpoint_every, log)
             row = {
                 "epoch": epoch + 1,
                 "step": self.step,
@@ -221,8 +242,8 @@ class CustomLoop:
                 "accuracy": float(self.train_accuracy.result()),
             }
             seconds = time.perf_counter() - started
-            if valid_dataset is not None and valid_steps:
-                row.update(self.evaluate(valid_dataset, valid_steps))
+            if validation is not None:
+                row.update(self.evaluate(validation))
             share = (steps_per_epoch - done) / steps_per_epoch  # resumed: < 1
             self._report(epoch, row, seconds, share, training_log, log)
             history.append(row)
@@ -240,8 +261,8 @@ class CustomLoop:
             " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
         )
 
-    def _train_epoch(self, dataset, epoch, done, steps_per_epoch, checkpoint_every, log):
-        """The steps of ``epoch`` from ``done`` on, in calls of up to ``steps_per_call``
+    def _train_epoch(self, dataset, done, steps_per_epoch, checkpoint_every, log):
+        """The steps of an epoch from ``done`` on, in calls of up to ``steps_per_call``
         steps that end at every checkpoint step; a checkpoint at those and at the end."""
         import tensorflow as tf
 
@@ -249,18 +270,7 @@ class CustomLoop:
         while done < steps_per_epoch:
             until_checkpoint = checkpoint_every - self.step % checkpoint_every
             n = min(self.steps_per_call, steps_per_epoch - done, until_checkpoint)
-            try:
-                self._train_call(iterator, tf.constant(n))
-            except tf.errors.DataLossError as err:
-                raise tf.errors.DataLossError(
-                    err.node_def,
-                    err.op,
-                    f"A record file of the training data is corrupt ({first_line(err)}),"
-                    f" read in epoch {epoch + 1} after step {self.step}; TensorFlow does not"
-                    " say which file. Fix: records.verify_records(<metadata or folder>)"
-                    " names the shard; copy it again, or read with on_corrupt='skip'."
-                    " The last checkpoint is intact.",
-                ) from err
+            self._train_call(iterator, tf.constant(n))
             self._verify_restore()  # variables built by the first step exist now
             done += n
             if self.checkpoints and (self.step % checkpoint_every == 0 or done == steps_per_epoch):

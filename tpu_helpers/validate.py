@@ -13,6 +13,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
+__all__ = [
+    "INT32",
+    "check_positive",
+    "check_same_length",
+    "check_token_counts",
+    "check_present",
+    "check_labels",
+    "check_boundaries",
+    "check_int32",
+]
+
 INT32 = (-(2**31), 2**31 - 1)
 
 

@@ -16,6 +16,26 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+__all__ = [
+    "ExerciseCheckError",
+    "check_replica_total",
+    "check_split",
+    "check_widths",
+    "check_compiled",
+    "check_global_batch",
+    "check_replica_loss",
+    "check_parse_spec",
+    "check_normalize",
+    "check_head",
+    "check_same_values",
+    "check_static_loss",
+    "check_positions",
+    "check_schedule",
+    "packed_segments",
+    "check_attention_mask",
+    "check_restarted_positions",
+]
+
 
 class ExerciseCheckError(AssertionError):
     """An exercise's answer does not have the property the exercise is about."""

@@ -19,10 +19,32 @@ import weakref
 from collections import Counter
 from dataclasses import dataclass
 
-import tpu_helpers._env  # noqa: F401
 from tpu_helpers.checks import FAIL, PASS, SKIP, WARN, Check, first_line
 from tpu_helpers.metrics import logits_of
 from tpu_helpers.validate import check_positive
+
+__all__ = [
+    "masked_sparse_crossentropy",
+    "ShapeReport",
+    "element_stats",
+    "shape_report",
+    "XlaTarget",
+    "xla_target",
+    "XlaUnavailableError",
+    "require_running_target",
+    "compiled_hlo",
+    "compile_and_run",
+    "explain_error",
+    "try_compile",
+    "tracing_count",
+    "PreflightError",
+    "PreflightReport",
+    "translate_xla_error",
+    "helpful_line",
+    "dynamic_shape_ops",
+    "STRATEGY_DEPENDENT",
+    "preflight",
+]
 
 
 def masked_sparse_crossentropy(labels, logits):
@@ -82,15 +104,19 @@ def element_stats(element) -> tuple[tuple, int, int]:
 
 
 def shape_report(dataset, n: int = 50) -> ShapeReport:
-    """Look at the first ``n`` batches of ``dataset`` (a plain ``tf.data.Dataset`` or any
-    iterable of batches) and count shapes.
+    """Look at the first ``n`` batches of ``dataset`` (a ``pipeline.Batches``' first
+    epoch, a plain ``tf.data.Dataset`` or any iterable of batches) and count shapes.
 
     A shape is the tuple of every feature's shape; ``attention_mask`` (if present), or
     the ``segment_ids`` of packed rows (0: padding), gives the padding share.
     """
     from itertools import islice
 
+    from tpu_helpers.pipeline import Batches
+
     check_positive(n=n)
+    if isinstance(dataset, Batches):
+        dataset = dataset.dataset(0)
     if not hasattr(dataset, "take") and not hasattr(dataset, "__iter__"):
         raise TypeError(
             f"shape_report reads batches from a tf.data.Dataset or an iterable of batches, not"
@@ -721,11 +747,6 @@ def _check_preflight_call(dataset, batches: int) -> None:
     import tensorflow as tf
 
     check_positive(batches=batches)
-    if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(
-            f"preflight needs a tf.data.Dataset, got {type(dataset).__name__}. Fix: pass the"
-            " dataset before strategy.experimental_distribute_dataset / distribute_*."
-        )
     if tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy():
         raise RuntimeError(
             "preflight builds a one-device copy of the model: call it outside strategy.scope()."
@@ -744,7 +765,8 @@ def preflight(
     raise_on_failure: bool = True,
     replicas: int | None = None,
 ) -> PreflightReport:
-    """Check a model and a ``tf.data`` dataset against what a TPU needs, on any machine.
+    """Check a model and its data (a ``pipeline.Batches``, whose first epoch is read, or a
+    ``tf.data.Dataset`` of global batches) against what a TPU needs, on any machine.
 
     Reads the first ``batches`` batches and checks: the batch dimension is static
     (``drop_remainder=True``); the global batch divides across the replicas (of
@@ -766,6 +788,9 @@ def preflight(
     """
     import tensorflow as tf
 
+    from tpu_helpers.pipeline import as_dataset
+
+    dataset = as_dataset(dataset, "preflight's data")
     _check_preflight_call(dataset, batches)
     specs = tf.nest.flatten(dataset.element_spec)
     checks = [c for c in [_not_batched_check(specs)] if c is not None]

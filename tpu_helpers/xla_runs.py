@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import tpu_helpers._env  # noqa: F401
 from tpu_helpers.metrics import logits_of
 from tpu_helpers.xla import element_stats, require_running_target
+
+__all__ = [
+    "XlaRun",
+    "train_counting_compiles",
+]
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,9 @@ def train_counting_compiles(model, dataset, optimizer, loss=None, name: str = ""
     """
     import tensorflow as tf
 
+    from tpu_helpers.pipeline import as_dataset
+
+    dataset = as_dataset(dataset)
     target = require_running_target()
     loss = loss or tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 

@@ -43,7 +43,7 @@ from tpu_helpers.records.layout import (
     split_files,
 )
 from tpu_helpers.records.plan import ReadPlan, plan_reads
-from tpu_helpers.records.read import distribute_records, read_records
+from tpu_helpers.records.read import read_records
 from tpu_helpers.records.source import (
     RecordSource,
     Shard,
@@ -77,5 +77,4 @@ __all__ = [
     "ReadPlan",
     "plan_reads",
     "read_records",
-    "distribute_records",
 ]

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import tpu_helpers._env  # noqa: F401
-
 # --- the tf.train.Example wire format --------------------------------------------------
 # Example{features=1: Features{feature=1 (map entry: key=1, value=2): Feature{
 #   bytes_list=1 | float_list=2 | int64_list=3: XList{value=1 (packed for numbers)}}}}

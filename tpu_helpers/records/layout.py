@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-import tpu_helpers._env  # noqa: F401
+from tpu_helpers.storage import SHARED_SCHEMES  # noqa: F401  (re-exported)
 
 FORMAT = "tpu_helpers.records/1"
 DEFAULT_SHARD_BYTES = 100 * 1024 * 1024
@@ -49,7 +49,3 @@ def split_files(folder: str, split: str) -> list[str]:
 # --- reading -------------------------------------------------------------------------
 class RecordsError(ValueError):
     """Records and their metadata disagree, or a shard is corrupt."""
-
-
-#: Path schemes every host of a pod slice reads alike (a local path is one host's disk).
-SHARED_SCHEMES = ("gs://", "s3://", "hdfs://", "az://", "abfs://", "http://", "https://")

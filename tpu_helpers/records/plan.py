@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import tpu_helpers._env  # noqa: F401
 from tpu_helpers.records.layout import SHARED_SCHEMES, RecordsError
 from tpu_helpers.records.source import RecordSource, Shard, length_histogram
 from tpu_helpers.validate import check_boundaries, check_int32

@@ -1,5 +1,5 @@
 """``read_records``: per-width readers, shuffling, batched parsing and padding, and the
-schedule of widths per step; ``distribute_records`` for a strategy.
+schedule of widths per step, as a ``pipeline.Batches``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import tpu_helpers._env  # noqa: F401
+from tpu_helpers.pipeline import STREAMS, Batches, seed_pair, seeded_shuffle
+from tpu_helpers.records.layout import RecordsError
 from tpu_helpers.records.plan import (
     ReadPlan,
     check_for_reading,
@@ -18,7 +19,13 @@ from tpu_helpers.records.plan import (
     length_key,
     plan_reads,
 )
-from tpu_helpers.records.source import RecordSource, open_records, spec_to_tf
+from tpu_helpers.records.source import (
+    RecordSource,
+    open_records,
+    scan_shard,
+    shard_problem,
+    spec_to_tf,
+)
 from tpu_helpers.validate import check_boundaries, check_positive
 
 
@@ -45,7 +52,7 @@ def _batch_maker(source: RecordSource, rows: int, label_column: str | None):
     pads its variable-length features to ``width`` (a tensor: batches of any width go
     through the same map); a batch shorter than ``rows`` is completed with copies, and
     rows from ``real`` on weigh 0 (``real=0``: a batch of fillers; ``real=-1``: every
-    record of the batch)."""
+    record of the batch). Without ``label_column`` the labels are zeros."""
     import tensorflow as tf
 
     spec = spec_to_tf(source.features)
@@ -71,7 +78,7 @@ def _batch_maker(source: RecordSource, rows: int, label_column: str | None):
         real = tf.where(real < 0, n, real)
         weights = tf.ensure_shape(tf.cast(tf.range(rows) < real, tf.float32), [rows])
         if label_column is None:
-            return out, weights
+            return out, tf.zeros([rows], tf.int32), weights
         labels = out.pop(label_column)
         return out, labels, weights
 
@@ -90,60 +97,36 @@ def _file_reader(names, compression: str):
     return tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string))
 
 
-def _shuffled(ds, buffer: int, seed):
-    """``ds`` (scalar strings) through a shuffle buffer of ``buffer`` records whose order
-    depends on ``seed`` (``[2]`` int64, e.g. from ``_epoch_seed``) alone: ``Dataset.shuffle``
-    would mix in TensorFlow's global seed, which a resumed run may not share."""
+def _seed(seed: int, epoch, salt: int):
+    """The records' stream ``salt`` of ``seed`` in ``epoch`` (``pipeline.seed_pair``)."""
     import tensorflow as tf
 
-    variant = tf.raw_ops.ShuffleDatasetV3(
-        input_dataset=tf.data.experimental.to_variant(ds),
-        buffer_size=tf.constant(buffer, tf.int64),
-        seed=seed[0],
-        seed2=seed[1],
-        seed_generator=tf.raw_ops.DummySeedGenerator(),
-        output_types=[tf.string],
-        output_shapes=[[]],
-        reshuffle_each_iteration=False,
-    )
-    return tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string))
-
-
-def _epoch_seed(seed: int, salt: int, epoch, index=0):
-    """A stateless seed ``[2]`` for ``(seed, salt)`` in ``epoch`` at ``index``."""
-    import tensorflow as tf
-
-    base = (seed * 1_000_003 + salt) % 2**62
-    return tf.stack(
-        [tf.constant(base, tf.int64), tf.cast(epoch, tf.int64) * 2**32 + tf.cast(index, tf.int64)]
-    )
+    return seed_pair(seed, tf.constant(epoch, tf.int64), 0, STREAMS["records"] + salt)
 
 
 def read_records(
     source: str | Sequence[str] | RecordSource,
-    batch_size: int,
+    *,
+    global_batch: int,
     label_column: str | None = "label",
     boundaries: Sequence[int] | None = None,
     shuffle: bool = True,
     seed: int | None = None,
     shuffle_buffer: int = 8192,
     parallel_reads: int | None = None,
-    input_context=None,
     spec: Mapping | None = None,
     on_corrupt: str = "raise",
-    repeat: bool = False,
-    epoch: int = 0,
-    skip_steps: int = 0,
     shared_filesystem: bool = False,
     transform=None,
     num_labels: int | None = None,
-):
-    """A ``tf.data.Dataset`` of ``(features, labels, weights)`` batches of exactly
-    ``batch_size`` rows from TFRecord shards (see ``open_records`` for ``source``, ``spec``,
-    ``on_corrupt``); ``(features, weights)`` with ``label_column=None``. Every record is
-    read once per epoch with weight 1; the rows that complete a short batch are copies
-    weighted 0 (``fit`` takes weights as sample weights, ``CustomLoop`` as its third
-    element). Integers become int32.
+    log=print,
+) -> Batches:
+    """The ``pipeline.Batches`` of TFRecord shards (see ``open_records`` for ``source``,
+    ``spec``, ``on_corrupt``): ``(features, labels, weights)`` batches of exactly
+    ``global_batch`` rows; with ``label_column=None`` the labels are the weights' zeros
+    (``mlm.masked_batches`` makes its own). Every record is read once per epoch with
+    weight 1; the rows that complete a short batch are copies weighted 0. Integers become
+    int32.
 
     Variable-length features are padded to one of ``boundaries`` per batch (from
     ``text.choose_boundaries(record_lengths(...))``; default: the longest record), and an
@@ -152,64 +135,168 @@ def read_records(
     made on any host: the step widths follow a schedule drawn from ``(seed, epoch)`` alone
     (see ``plan_reads``). Batches of serialized records are parsed and padded in one op.
 
-    Shuffling, from ``(seed, epoch)`` alone (the same epoch gives the same order, so a
-    resumed run with ``epoch`` and ``skip_steps`` sees the batches an uninterrupted one
-    would; TensorFlow's global seed plays no part): the file order, the records through a
-    buffer of ``shuffle_buffer`` records (per width), and the order of the widths. Write
-    shards from data that is not sorted by label. ``seed=None``: a random seed (0 with
-    several input pipelines, which must agree).
-
-    tf.data's static graph rewrites are turned off on the returned dataset (the pipeline
-    has its parallel map and prefetch already, and the rewrites cost each new iterator
-    milliseconds per width); ``with_options`` turns them back on for what you add to it.
+    Shuffling, from ``pipeline.seed_pair(seed, epoch, ...)`` alone (the same epoch gives
+    the same order, so a resumed run sees the batches an uninterrupted one would;
+    TensorFlow's global seed plays no part): the file order, the records through a buffer
+    of ``shuffle_buffer`` records (per width), and the order of the widths. Write shards
+    from data that is not sorted by label. ``seed=None``: a random seed (0 on a pod
+    slice, whose hosts must agree).
 
     ``parallel_reads``: files read at once (default 8 for ``gs://``-like paths, where each
-    read waits on the network; 1 for local ones). With ``input_context`` (from
-    ``strategy.distribute_datasets_from_function``) ``batch_size`` is per replica, each input
-    pipeline reads its own shards, yields one batch per local replica per step, all of one
-    width, and all pipelines run the same steps; the files must be on a bucket (or
-    ``shared_filesystem=True``). ``repeat`` goes on with epoch ``epoch + 1`` and so on.
-    The steps per epoch are on the dataset as ``steps`` (``None`` without record counts).
+    read waits on the network, ``storage.is_shared``; 1 for local ones and ``ram://``). On a strategy (``batches.distribute``)
+    each host reads its own shards and makes one batch per local replica per step, all of
+    one width, and all hosts run the same steps (``batches.steps_on(strategy)``); with
+    several hosts the files must be on a bucket (or ``shared_filesystem=True``).
     ``transform`` (a function of the dataset, such as ``observe.CompileWatch.watch``) is
     applied to the batches before prefetching. ``num_labels``: the model's number of
-    labels; records whose labels reach it are refused before any step.
+    labels; records whose labels reach it are refused before any step. Files without
+    metadata are counted first (one read of every record), and ``log`` says so.
     """
-    import tensorflow as tf
+    from tpu_helpers.pipeline import Batches
 
-    from tpu_helpers.storage import is_remote
-
-    check_positive(batch_size=batch_size)
+    check_positive(global_batch=global_batch)
     if not isinstance(source, RecordSource):
         source = open_records(source, spec=spec, on_corrupt=on_corrupt)
+    source = _counted(source, log)
     check_for_reading(source, label_column, num_labels)
     if boundaries is not None:
         boundaries = check_boundaries(boundaries)
-    pipelines, pipeline, local = _pipelines(input_context)
-    check_hosts(source, pipelines, shared_filesystem)
-    plan = plan_reads(source, batch_size, boundaries, pipelines, local)
-    _say_what_the_plan_costs(plan, pipeline, pipelines)
-    if plan.steps_per_epoch == 0:
-        raise ValueError(f"The records make no batch of {batch_size}. Fix: check the source.")
+    one_host = plan_reads(source, global_batch, boundaries)
+    _say_what_the_plan_costs(one_host, 0, 1, log)
+    if one_host.steps_per_epoch == 0:
+        raise ValueError(f"The records make no batch of {global_batch}. Fix: check the source.")
     if seed is None:
-        seed = 0 if pipelines > 1 else int(np.random.SeedSequence().entropy % 2**31)
-    if parallel_reads is None:
-        parallel_reads = 8 if is_remote(source.shards[0].path) else 1
-    reader = _EpochReader(
-        source, plan, pipeline, local, batch_size, shuffle, seed, shuffle_buffer, parallel_reads
+        seed = int(np.random.SeedSequence().entropy % 2**31)
+    reading = _Reading(
+        source,
+        boundaries,
+        label_column,
+        shuffle,
+        seed,
+        shuffle_buffer,
+        parallel_reads,
+        shared_filesystem,
+        transform,
+        global_batch,
+        log,
     )
-    ds = reader.epochs(epoch, repeat)
-    if skip_steps:
-        ds = ds.skip(skip_steps * local)
-    # one parallel map parses the raw batches (once per iterator, not per epoch; skipped
-    # steps are not parsed)
-    parse = _batch_maker(source, batch_size, label_column)
-    ds = ds.map(lambda r, tag: parse(r, *tag), num_parallel_calls=tf.data.AUTOTUNE)
-    if transform is not None:
-        ds = transform(ds)
-    ds = _with_read_options(ds, input_context)
-    ds.steps = plan.steps_per_epoch
-    ds.plan = plan
-    return ds
+    widths = [w for w in one_host.widths if w]
+    return Batches(
+        reading.build,
+        one_host.steps_per_epoch,
+        global_batch,
+        examples=source.num_records,
+        max_width=max(widths) if widths else None,
+        name=f"records of {source.shards[0].path.rsplit('/', 1)[0]}",
+        reads_per_host=True,
+        steps_for=reading.steps_for,
+        explain=reading.explain,
+    )
+
+
+def _counted(source: RecordSource, log) -> RecordSource:
+    """``source`` with every shard's record count: files without metadata are read once."""
+    import dataclasses
+
+    if source.num_records is not None:
+        return source
+    log(
+        f"records: {len(source.shards)} file(s) without metadata: counting their records"
+        " (one read of every record; write_records' metadata saves it)."
+    )
+    shards = []
+    for shard in source.shards:
+        count, error = scan_shard(shard.path, source.compression)
+        if error:
+            raise RecordsError(
+                f"{shard.path} cannot be read through: {error} (after {count} records). Fix:"
+                " copy the file again, or open_records(..., on_corrupt='skip')."
+            )
+        shards.append(dataclasses.replace(shard, num_records=count))
+    return dataclasses.replace(source, shards=shards)
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """What ``read_records`` was asked, and the epoch datasets it builds from it."""
+
+    source: RecordSource
+    boundaries: tuple | None
+    label_column: str | None
+    shuffle: bool
+    seed: int
+    shuffle_buffer: int
+    parallel_reads: int | None
+    shared_filesystem: bool
+    transform: object
+    global_batch: int
+    log: object
+
+    def steps_for(self, pipelines: int, replicas: int) -> int:
+        plan = plan_reads(
+            self.source,
+            self.global_batch // replicas,
+            self.boundaries,
+            pipelines,
+            max(1, replicas // pipelines),
+        )
+        return plan.steps_per_epoch
+
+    def build(self, epoch: int, skip_steps: int, input_context):
+        import tensorflow as tf
+
+        from tpu_helpers.storage import is_shared
+
+        pipelines, pipeline, local = _pipelines(input_context)
+        check_hosts(self.source, pipelines, self.shared_filesystem)
+        batch = self.global_batch
+        if input_context is not None:
+            batch = input_context.get_per_replica_batch_size(self.global_batch)
+        plan = plan_reads(self.source, batch, self.boundaries, pipelines, local)
+        if pipelines > 1:
+            _say_what_the_plan_costs(plan, pipeline, pipelines, self.log)
+        parallel = self.parallel_reads
+        if parallel is None:
+            parallel = 8 if is_shared(self.source.shards[0].path) else 1
+        reader = _EpochReader(
+            self.source,
+            plan,
+            pipeline,
+            local,
+            batch,
+            self.shuffle,
+            self.seed,
+            self.shuffle_buffer,
+            parallel,
+        )
+        ds = reader.one_epoch(epoch)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(plan.steps_per_epoch * local))
+        if skip_steps:
+            ds = ds.skip(skip_steps * local)
+        # one parallel map parses the raw batches (skipped steps are not parsed)
+        parse = _batch_maker(self.source, batch, self.label_column)
+        ds = ds.map(lambda r, tag: parse(r, *tag), num_parallel_calls=tf.data.AUTOTUNE)
+        if self.transform is not None:
+            ds = self.transform(ds)
+        return _with_read_options(ds, input_context)
+
+    def explain(self, err: BaseException) -> str | None:
+        """A corrupt record (``DataLossError``): which shard, found by reading them."""
+        import tensorflow as tf
+
+        if not isinstance(err, tf.errors.DataLossError):
+            return None
+        bad = []
+        for shard in self.source.shards:
+            _, problem = shard_problem(shard, self.source.compression)
+            if problem:
+                bad.append(f"{shard.path}: {problem}")
+        named = "; ".join(bad[:3]) if bad else "no shard fails a read-through now"
+        return (
+            f"A record file of the training data is corrupt ({named}). Fix: copy the shard"
+            " again (or write the split again), or open_records(..., on_corrupt='skip')"
+            " to leave it out. The last checkpoint is intact."
+        )
 
 
 def _pipelines(input_context) -> tuple[int, int, int]:
@@ -221,19 +308,19 @@ def _pipelines(input_context) -> tuple[int, int, int]:
     return pipelines, input_context.input_pipeline_id, local
 
 
-def _say_what_the_plan_costs(plan: ReadPlan, pipeline: int, pipelines: int) -> None:
-    """Print (once, from pipeline 0) what the records' layout costs and how to fix it."""
+def _say_what_the_plan_costs(plan: ReadPlan, pipeline: int, pipelines: int, log) -> None:
+    """Log (from pipeline 0) what the records' layout costs and how to fix it."""
     if pipeline != 0:
         return
     if plan.mixed:
-        print(
+        log(
             f"records: {len(plan.mixed)} shard(s) hold records of several widths (written"
             " without length groups, or without metadata); their batches are padded to the"
             f" widest of them. Fix: write the records again with write_records (groups by"
             f" length). First: {plan.mixed[0]}"
         )
     if pipelines > 1 and plan.filler_share > 0.25:
-        print(
+        log(
             f"records: {plan.filler_share:.0%} of the rows of an epoch are weight-0 fillers:"
             f" some widths have fewer shards than the {pipelines} hosts, whose steps the"
             " others wait through. Fix: write the records with smaller shards"
@@ -284,10 +371,10 @@ class _EpochReader:
         salt = (pipeline + 1) * 1000 + slot
         names = tf.constant(list(paths))
         if self.shuffle:
-            names = tf.random.experimental.stateless_shuffle(names, _epoch_seed(self.seed, salt, e))
+            names = tf.random.experimental.stateless_shuffle(names, _seed(self.seed, e, salt))
         ds = self._files(names)
         if self.shuffle:
-            ds = _shuffled(ds, self.shuffle_buffer, _epoch_seed(self.seed, salt + 500, e))
+            ds = seeded_shuffle(ds, self.shuffle_buffer, _seed(self.seed, e, salt + 500))
         ds = ds.batch(self.batch_size)
         # each batch carries its width and real rows (-1: all), by zip: no function
         tag = tf.data.Dataset.from_tensors((width, tf.constant(-1))).repeat()
@@ -306,22 +393,9 @@ class _EpochReader:
             return parts[0]
         order = tf.constant(self.plan.schedule(), tf.int64)
         if self.shuffle:
-            order = tf.random.experimental.stateless_shuffle(order, _epoch_seed(self.seed, 0, e))
+            order = tf.random.experimental.stateless_shuffle(order, _seed(self.seed, e, 0))
         choice = tf.data.Dataset.from_tensor_slices(tf.repeat(order, self.local))
         return tf.data.Dataset.choose_from_datasets(parts, choice)
-
-    def epochs(self, epoch: int, repeat: bool):
-        """Epoch ``epoch`` (its length asserted when the counts are known), or with
-        ``repeat`` every epoch from it on."""
-        import tensorflow as tf
-
-        if repeat:
-            return tf.data.Dataset.range(epoch, 2**62).flat_map(self.one_epoch)
-        ds = self.one_epoch(tf.constant(epoch, tf.int64))
-        steps = self.plan.steps_per_epoch
-        if steps is not None:
-            ds = ds.apply(tf.data.experimental.assert_cardinality(steps * self.local))
-        return ds
 
 
 def _with_read_options(ds, input_context):
@@ -339,34 +413,3 @@ def _with_read_options(ds, input_context):
     )
     options.experimental_optimization.apply_default_optimizations = False
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
-
-
-def distribute_records(strategy, source, per_replica_batch: int, **kwargs):
-    """``read_records`` for every replica of ``strategy``, through
-    ``distribute_datasets_from_function``: each input pipeline (host) reads its own shards
-    and makes the per-replica batches of its replicas, all replicas of a step share one
-    width, and every pipeline runs the same steps. Returns ``(distributed dataset, steps
-    per epoch)``. Takes ``read_records``' keyword arguments (``epoch``, ``skip_steps``,
-    ``boundaries``, ``seed``, ``shared_filesystem`` ...).
-    """
-    from tpu_helpers.text import global_batch_size
-
-    global_batch = global_batch_size(per_replica_batch, strategy.num_replicas_in_sync)
-    if not isinstance(source, RecordSource):
-        source = open_records(
-            source, spec=kwargs.pop("spec", None), on_corrupt=kwargs.pop("on_corrupt", "raise")
-        )
-    steps = {}
-
-    def dataset_fn(input_context):
-        ds = read_records(
-            source,
-            input_context.get_per_replica_batch_size(global_batch),
-            input_context=input_context,
-            **kwargs,
-        )
-        steps["per_epoch"] = ds.steps
-        return ds
-
-    dist = strategy.distribute_datasets_from_function(dataset_fn)
-    return dist, steps.get("per_epoch")

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import tpu_helpers._env  # noqa: F401
 from tpu_helpers.checks import first_line
 from tpu_helpers.records.layout import (
     DTYPES,

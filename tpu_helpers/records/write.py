@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import tpu_helpers._env  # noqa: F401
 from tpu_helpers.records.encode import Column, as_column, encode_examples, row_chunks
 from tpu_helpers.records.layout import (
     DEFAULT_SHARD_BYTES,

@@ -1,0 +1,350 @@
+"""One contract for every input pipeline: ``Batches``.
+
+Every builder in ``tpu_helpers`` returns a ``Batches``: ``text.text_batches`` (tokenized
+splits, data-chosen widths), ``records.read_records`` (TFRecord shards),
+``images.image_batches`` and ``images.image_record_batches`` (image files, image records),
+``packing.packed_batches`` (packed rows) and ``mlm.masked_batches`` (masked-LM blocks).
+Every trainer and check takes one: ``checkpoints.fit_resumable``, ``training.CustomLoop``,
+``observe.input_bound_check``, ``xla.preflight``, ``metrics.predict_classes``.
+
+A ``Batches`` is a plan, not a dataset. It knows:
+
+* ``dataset(epoch, skip_steps=...)``: one epoch's global batches, from any step on (the
+  same batches in every process: what lets a run resume in the middle of an epoch);
+* ``distribute(strategy, epoch, skip_steps=...)``: the same epoch placed on the replicas
+  and hosts of ``strategy`` (each host makes the per-replica batches of its own replicas;
+  all replicas of a step share one shape);
+* ``steps_per_epoch`` (``steps_on(strategy)`` on a pod slice, where hosts may need filler
+  steps), ``global_batch`` (rows per step over all replicas; ``per_replica_batch(n)``),
+  ``examples`` (rows of weight 1 per epoch), ``padding`` (what it costs in padding:
+  ``real_tokens``, ``real_token_share``; ``None`` without tokens) and ``max_width`` (the
+  widest token row, checked against a model's positions before the first step).
+
+Every element is ``(features, labels, weights)``: ``features`` a dict, weight 0 marks the
+rows that complete a batch (a TPU needs full batches) and count for nothing.
+
+Every random choice of a pipeline comes from one rule, ``seed_pair(seed, epoch, step,
+stream)``: the user's seed and a stream number (order, augmentation, masks ...) give the
+first half, the epoch and step the second. The same epoch gives the same batches whatever
+ran before, and no TensorFlow global seed plays a part.
+
+>>> import numpy as np
+>>> batches = from_arrays({"x": np.arange(10.0)[:, None]}, np.arange(10) % 2, global_batch=4)
+>>> batches.steps_per_epoch, batches.examples
+(3, 10)
+>>> [float(w.numpy().sum()) for _, _, w in batches.dataset(0)]
+[4.0, 4.0, 2.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+__all__ = [
+    "Batches",
+    "STREAMS",
+    "as_dataset",
+    "from_arrays",
+    "from_dataset_fn",
+    "input_pipelines",
+    "replica_batches",
+    "rng",
+    "seed_pair",
+    "seeded_shuffle",
+]
+
+#: The stream numbers of ``seed_pair``: one per kind of random choice, so that two
+#: choices of one step never read the same draw.
+STREAMS = {"order": 0, "augment": 1, "mask": 2, "fill": 3, "records": 1000}
+
+_PRIME = 1_000_003
+
+
+def seed_pair(seed: int, epoch=0, step=0, stream: int = 0):
+    """The stateless seed of ``(seed, stream)`` in ``epoch`` at ``step``:
+    ``[(seed * 1000003 + stream) mod 2**62, epoch * 2**32 + step]``.
+
+    Python ints give a tuple of two ints (for ``rng``); a tensor ``epoch`` or ``step``
+    gives an int64 tensor ``[2]`` (for ``tf.random.stateless_*`` inside a pipeline).
+
+    >>> seed_pair(0, 1, 5)
+    (0, 4294967301)
+    """
+    first = (int(seed) * _PRIME + int(stream)) % 2**62
+    if isinstance(epoch, int | np.integer) and isinstance(step, int | np.integer):
+        return first, int(epoch) * 2**32 + int(step)
+    import tensorflow as tf
+
+    second = tf.cast(epoch, tf.int64) * 2**32 + tf.cast(step, tf.int64)
+    return tf.stack([tf.constant(first, tf.int64), second])
+
+
+def rng(seed: int, epoch: int = 0, stream: int = 0) -> np.random.Generator:
+    """numpy's generator for ``seed_pair(seed, epoch, 0, stream)``: an epoch's order,
+    packing or fillers, drawn on the host."""
+    return np.random.default_rng(seed_pair(seed, epoch, 0, stream))
+
+
+def seeded_shuffle(ds, buffer: int, seed):
+    """``ds`` through a shuffle buffer of ``buffer`` elements whose order depends on
+    ``seed`` (a ``seed_pair`` tensor) alone: ``Dataset.shuffle`` would mix in TensorFlow's
+    global seed, which a resumed run may not share."""
+    import tensorflow as tf
+
+    flat = tf.nest.flatten(ds.element_spec)
+    variant = tf.raw_ops.ShuffleDatasetV3(
+        input_dataset=tf.data.experimental.to_variant(ds),
+        buffer_size=tf.constant(buffer, tf.int64),
+        seed=seed[0],
+        seed2=seed[1],
+        seed_generator=tf.raw_ops.DummySeedGenerator(),
+        output_types=[s.dtype for s in flat],
+        output_shapes=[s.shape for s in flat],
+        reshuffle_each_iteration=False,
+    )
+    return tf.data.experimental.from_variant(variant, ds.element_spec)
+
+
+def replica_batches(ds, input_context, global_batch: int):
+    """Global batches cut into the per-replica batches of ``input_context``'s replicas, in
+    replica order (a strategy takes them so from ``distribute_datasets_from_function``).
+    For builders that make whole global batches; those that read per host do better."""
+    import tensorflow as tf
+
+    replicas = input_context.num_replicas_in_sync
+    per = global_batch // replicas
+    local = max(1, replicas // input_context.num_input_pipelines)
+    first = input_context.input_pipeline_id * local * per
+
+    def cut(*element):
+        def rows(t):
+            part = t[first : first + local * per]
+            shape = tf.concat([[local, per], tf.shape(t)[1:]], 0)
+            return tf.ensure_shape(tf.reshape(part, shape), [local, per, *t.shape[1:]])
+
+        return tf.nest.map_structure(rows, element)
+
+    return ds.map(cut).unbatch()
+
+
+@dataclass(frozen=True, eq=False)
+class Batches:
+    """An input pipeline: the batches of any epoch, from any step, on any strategy (see
+    the module doc).
+
+    ``build(epoch, skip_steps, input_context)`` makes the ``tf.data.Dataset``: global
+    batches with ``input_context=None``; with a ``tf.distribute.InputContext`` the
+    per-replica batches of that host's replicas when ``reads_per_host`` (else they are cut
+    from the global batches here). ``steps_for(pipelines, replicas)`` gives the steps of
+    an epoch over that many hosts when it differs from one host's (records on a pod slice).
+    """
+
+    build: Callable = field(repr=False)
+    steps_per_epoch: int
+    global_batch: int
+    examples: int | None = None
+    padding: object | None = None
+    max_width: int | None = None
+    name: str = "batches"
+    reads_per_host: bool = False
+    steps_for: Callable[[int, int], int] | None = field(default=None, repr=False)
+    explain: Callable[[BaseException], str | None] | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        for name in ("steps_per_epoch", "global_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(
+                    f"{self.name}: {name}={value!r} must be a positive integer. Fix: the"
+                    " data must make at least one full batch (a smaller batch or more data)."
+                )
+
+    # --- one epoch ----------------------------------------------------------------------
+    def _check_epoch(self, epoch, skip_steps) -> None:
+        ok = isinstance(epoch, int | np.integer) and not isinstance(epoch, bool) and epoch >= 0
+        if not ok:
+            raise ValueError(f"epoch={epoch!r} must be a whole number from 0. Fix: epoch=0.")
+        ok = isinstance(skip_steps, int | np.integer) and not isinstance(skip_steps, bool)
+        if not ok or not 0 <= skip_steps < self.steps_per_epoch:
+            raise ValueError(
+                f"skip_steps={skip_steps!r}: an epoch of {self.name} has"
+                f" {self.steps_per_epoch} steps of {self.global_batch} rows, so skip 0 to"
+                f" {self.steps_per_epoch - 1}. Fix: resume with the global batch of the run"
+                " that saved the checkpoint."
+            )
+
+    def dataset(self, epoch: int = 0, *, skip_steps: int = 0):
+        """Epoch ``epoch``'s global batches from step ``skip_steps`` on."""
+        self._check_epoch(epoch, skip_steps)
+        return self.build(int(epoch), int(skip_steps), None)
+
+    def per_replica_batch(self, replicas: int) -> int:
+        """The rows of one replica per step, refusing a global batch that does not divide."""
+        if replicas < 1 or self.global_batch % replicas:
+            raise ValueError(
+                f"{self.name}: global batch {self.global_batch} does not divide across"
+                f" {replicas} replicas. Fix: a global batch that is a multiple of {replicas}"
+                f" (per-replica batch x replicas, e.g. {max(1, self.global_batch // max(replicas, 1)) * replicas})."
+            )
+        return self.global_batch // replicas
+
+    def distribute(self, strategy, epoch: int = 0, *, skip_steps: int = 0):
+        """Epoch ``epoch`` from step ``skip_steps`` on, on ``strategy``'s replicas and hosts
+        (``strategy.distribute_datasets_from_function``)."""
+        self._check_epoch(epoch, skip_steps)
+        self.per_replica_batch(strategy.num_replicas_in_sync)
+
+        def dataset_fn(input_context):
+            ds = self.build(int(epoch), int(skip_steps), input_context)
+            return (
+                ds if self.reads_per_host else replica_batches(ds, input_context, self.global_batch)
+            )
+
+        return strategy.distribute_datasets_from_function(dataset_fn)
+
+    def steps_on(self, strategy=None) -> int:
+        """Steps of an epoch on ``strategy``: ``steps_per_epoch``, or over a pod slice's
+        hosts what ``steps_for`` says."""
+        if strategy is None or self.steps_for is None:
+            return self.steps_per_epoch
+        pipelines = input_pipelines(strategy)
+        if pipelines == 1:
+            return self.steps_per_epoch
+        return self.steps_for(pipelines, strategy.num_replicas_in_sync)
+
+    # --- derived plans ------------------------------------------------------------------
+    def with_transform(self, transform: Callable) -> Batches:
+        """The same batches passed through ``transform`` (a function of a dataset, such
+        as ``observe.CompileWatch.watch``) on every host."""
+        build = self.build
+        return replace(self, build=lambda e, s, c: transform(build(e, s, c)))
+
+    def check_positions(self, model_config) -> None:
+        """Refuse rows wider than the model's positions (``text.position_limit``) before
+        any step: inside the run it is an error of the embeddings layer, or silent."""
+        if self.max_width is None or model_config is None:
+            return
+        from tpu_helpers.text import position_limit
+
+        limit = position_limit(model_config) if hasattr(model_config, "model_type") else None
+        if limit is not None and self.max_width > limit:
+            raise ValueError(
+                f"{self.name} has rows of up to {self.max_width} tokens, but the"
+                f" {model_config.model_type} model embeds {limit} positions. Fix: widths"
+                f" (boundaries, the packed width) of at most {limit}, e.g. max_length={limit}."
+            )
+
+    def explain_error(self, err: BaseException) -> str | None:
+        """What a data error met while reading means and its fix (a corrupt record names
+        its shard), or ``None``."""
+        return self.explain(err) if self.explain is not None else None
+
+
+_PIPELINES: dict[int, int] = {}
+
+
+def input_pipelines(strategy) -> int:
+    """The input pipelines (hosts) ``strategy`` feeds: what every
+    ``distribute_datasets_from_function`` call sees in its ``InputContext``."""
+    key = id(strategy)
+    if key not in _PIPELINES:
+        import tensorflow as tf
+
+        seen = []
+
+        def probe(context):
+            seen.append(context.num_input_pipelines)
+            return tf.data.Dataset.range(1)
+
+        strategy.distribute_datasets_from_function(probe)
+        _PIPELINES[key] = max(seen or [1])
+    return _PIPELINES[key]
+
+
+def as_dataset(data, name: str = "data"):
+    """A ``tf.data.Dataset`` of global batches: ``data`` itself, or epoch 0 of a
+    ``Batches``. Anything else is refused, naming the fix."""
+    import tensorflow as tf
+
+    if isinstance(data, Batches):
+        return data.dataset(0)
+    if isinstance(data, tf.data.Dataset):
+        return data
+    raise TypeError(
+        f"{name} must be a pipeline.Batches (what every tpu_helpers builder returns) or a"
+        f" tf.data.Dataset of global batches, not {type(data).__name__}. Fix: build it with"
+        " text.text_batches, records.read_records, images.image_batches ..., or wrap your own"
+        " with pipeline.from_dataset_fn."
+    )
+
+
+def require_batches(data, where: str) -> Batches:
+    """``data`` if it is a ``Batches``; else a ``TypeError`` naming the builders."""
+    if isinstance(data, Batches):
+        return data
+    raise TypeError(
+        f"{where} takes a pipeline.Batches, not {type(data).__name__}: it needs each epoch"
+        " from any step (to resume) and its number of steps. Fix: build the data with"
+        " text.text_batches, records.read_records, images.image_batches,"
+        " packing.packed_batches or mlm.masked_batches, or wrap your own tf.data pipeline:"
+        " pipeline.from_dataset_fn(lambda epoch, skip_steps: ..., steps_per_epoch=...,"
+        " global_batch=...)."
+    )
+
+
+def from_dataset_fn(
+    dataset_fn: Callable[[int, int], object],
+    *,
+    steps_per_epoch: int,
+    global_batch: int,
+    examples: int | None = None,
+    name: str = "dataset_fn",
+) -> Batches:
+    """A ``Batches`` of your own ``tf.data`` pipeline: ``dataset_fn(epoch, skip_steps)``
+    returns epoch ``epoch``'s global batches of ``(features, labels, weights)`` from step
+    ``skip_steps`` on, the same in every process (seed it with ``seed_pair`` or ``rng``)."""
+
+    def build(epoch, skip_steps, input_context):
+        return dataset_fn(epoch, skip_steps)
+
+    return Batches(build, steps_per_epoch, global_batch, examples, name=name)
+
+
+def from_arrays(
+    features: Mapping[str, np.ndarray],
+    labels,
+    *,
+    global_batch: int,
+    shuffle: bool = True,
+    seed: int = 0,
+    name: str = "arrays",
+) -> Batches:
+    """``Batches`` of in-memory arrays (one row per example): each epoch shuffled by
+    ``rng(seed, epoch)``, the last batch completed with weight-0 copies, nothing dropped."""
+    import tensorflow as tf
+
+    features = {k: np.asarray(v) for k, v in features.items()}
+    labels = np.asarray(labels)
+    n = len(labels)
+    if n == 0 or any(len(v) != n for v in features.values()):
+        raise ValueError(
+            f"{name}: {n} labels and features of {[len(v) for v in features.values()]} rows."
+            " Fix: one label per row, and at least one row."
+        )
+    steps = -(-n // global_batch)
+
+    def build(epoch, skip_steps, input_context):
+        order = rng(seed, epoch).permutation(n) if shuffle else np.arange(n)
+        fill = np.arange(steps * global_batch - n) % n
+        rows = np.concatenate([order, fill])[skip_steps * global_batch :]
+        weights = (np.arange(steps * global_batch) < n).astype(np.float32)
+        weights = weights[skip_steps * global_batch :]
+        ds = tf.data.Dataset.from_tensor_slices(
+            ({k: v[rows] for k, v in features.items()}, labels[rows], weights)
+        )
+        return ds.batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    return Batches(build, steps, global_batch, n, name=name)
