@@ -42,6 +42,8 @@ from tpu_helpers.validate import (
 
 __all__ = [
     "FAMILIES",
+    "FAMILY",
+    "Family",
     "pack_rows",
     "PackReport",
     "pack_report",
@@ -58,23 +60,43 @@ __all__ = [
     "packed_train_step",
 ]
 
-FAMILIES = (
-    "albert",
-    "bert",
-    "camembert",
-    "deberta-v2",
-    "distilbert",
-    "electra",
-    "mpnet",
-    "roberta",
-    "xlm-roberta",
-)
-# the attribute that holds a family's main layer, where it is not the family's own name
-_MAIN_LAYER = {"camembert": "roberta", "deberta-v2": "deberta", "xlm-roberta": "roberta"}
-# families whose position ids start after the padding id, padding keeping that id
-_OFFSET_POSITIONS = {"camembert", "mpnet", "roberta", "xlm-roberta"}
-# families whose encoder takes (hidden_states, attention_mask, head_mask, ...) only
-_SHORT_ENCODER = {"albert", "mpnet"}
+
+@dataclass(frozen=True)
+class Family:
+    """How ``PackedClassifier`` drives one model family's TF classifier: the attribute of
+    its main layer, its embeddings call, its encoder call and its head. Adding a family is
+    one entry of ``FAMILY``: each choice names a ``PackedClassifier`` method.
+
+    * ``embed``: ``"types"`` (ids, positions, token types), ``"no_types"`` (MPNet),
+      ``"masked"`` (DeBERTa-v2 zeroes padding embeddings), ``"distilbert"`` (its blocks
+      are run here, with the block mask its attention does not take);
+    * ``encoder``: ``"full"`` (BERT's signature), ``"short"`` (hidden states, mask, head
+      mask), ``"pairwise"`` (a 0/1 mask per query and key: DeBERTa-v2);
+    * ``head``: ``"bert_pooler"``, ``"albert_pooler"``, ``"deberta_pooler"``,
+      ``"pre_classifier"`` (DistilBERT), ``"first_token"`` (the classifier reads the
+      first token itself: RoBERTa-shaped, ELECTRA, MPNet);
+    * ``offset_positions``: position ids start after the padding id (RoBERTa's scheme).
+    """
+
+    main: str
+    embed: str = "types"
+    encoder: str = "full"
+    head: str = "first_token"
+    offset_positions: bool = False
+
+
+FAMILY = {
+    "albert": Family("albert", encoder="short", head="albert_pooler"),
+    "bert": Family("bert", head="bert_pooler"),
+    "camembert": Family("roberta", offset_positions=True),
+    "deberta-v2": Family("deberta", embed="masked", encoder="pairwise", head="deberta_pooler"),
+    "distilbert": Family("distilbert", embed="distilbert", head="pre_classifier"),
+    "electra": Family("electra"),
+    "mpnet": Family("mpnet", embed="no_types", encoder="short", offset_positions=True),
+    "roberta": Family("roberta", offset_positions=True),
+    "xlm-roberta": Family("roberta", offset_positions=True),
+}
+FAMILIES = tuple(FAMILY)
 
 
 # --- packing ------------------------------------------------------------------------------
@@ -323,11 +345,12 @@ class PackedClassifier:
     def __init__(self, model):
         self.model = model
         self.family = _family(model)
+        self.kind = FAMILY[self.family]
         if not model.built:
             model(model.dummy_inputs, training=False)
-        self.main = getattr(model, _MAIN_LAYER.get(self.family, self.family))
+        self.main = getattr(model, self.kind.main)
         self.position_offset = 0
-        if self.family in _OFFSET_POSITIONS:
+        if self.kind.offset_positions:
             self.position_offset = self.main.embeddings.padding_idx + 1
 
     @property
@@ -343,43 +366,55 @@ class PackedClassifier:
         if self.position_offset:  # padding keeps the padding position (RoBERTa's scheme)
             positions = tf.where(segments > 0, positions, self.position_offset - 1)
         types = tf.cast(features.get("token_type_ids", tf.zeros_like(ids)), tf.int32)
-        if self.family == "distilbert":
-            x = self.main.embeddings(input_ids=ids, position_ids=positions, training=training)
-            mask = block_mask(segments, x.dtype)
-            for block in self.main.transformer.layer:
-                x = _distilbert_block(block, x, mask, training)
+        embed = getattr(self, f"_embed_{self.kind.embed}")
+        x = embed(ids, positions, types, segments, training)
+        if self.kind.embed == "distilbert":
             return x
-        if self.family == "mpnet":  # no token types
-            x = self.main.embeddings(input_ids=ids, position_ids=positions, training=training)
-        elif self.family == "deberta-v2":  # zeroes padding embeddings, as its own call does
-            x = self.main.embeddings(
-                input_ids=ids,
-                position_ids=positions,
-                token_type_ids=types,
-                mask=tf.cast(segments > 0, tf.int32),
-                training=training,
-            )
-        else:
-            x = self.main.embeddings(
-                input_ids=ids, position_ids=positions, token_type_ids=types, training=training
-            )
         if getattr(self.main, "embeddings_project", None) is not None:  # ELECTRA
             x = self.main.embeddings_project(x, training=training)
         return self._encoder(x, segments, training)[0]
+
+    # --- embeddings, per Family.embed ---------------------------------------------------
+    def _embed_types(self, ids, positions, types, segments, training):
+        return self.main.embeddings(
+            input_ids=ids, position_ids=positions, token_type_ids=types, training=training
+        )
+
+    def _embed_no_types(self, ids, positions, types, segments, training):
+        return self.main.embeddings(input_ids=ids, position_ids=positions, training=training)
+
+    def _embed_masked(self, ids, positions, types, segments, training):
+        import tensorflow as tf
+
+        return self.main.embeddings(
+            input_ids=ids,
+            position_ids=positions,
+            token_type_ids=types,
+            mask=tf.cast(segments > 0, tf.int32),
+            training=training,
+        )
+
+    def _embed_distilbert(self, ids, positions, types, segments, training):
+        """DistilBERT's embeddings and every block (the whole encoder)."""
+        x = self.main.embeddings(input_ids=ids, position_ids=positions, training=training)
+        mask = block_mask(segments, x.dtype)
+        for block in self.main.transformer.layer:
+            x = _distilbert_block(block, x, mask, training)
+        return x
 
     def _encoder(self, x, segments, training):
         """The family's encoder on embeddings ``x``, each token seeing its own example."""
         import tensorflow as tf
 
         flags = {"output_attentions": False, "output_hidden_states": False, "return_dict": False}
-        if self.family == "deberta-v2":  # a 0/1 mask per (query, key)
+        if self.kind.encoder == "pairwise":  # a 0/1 mask per (query, key)
             mask = tf.cast(same_example(segments), tf.int32)
             return self.main.encoder(
                 hidden_states=x, attention_mask=mask, training=training, **flags
             )
         mask = block_mask(segments, x.dtype)
         heads = [None] * self.model.config.num_hidden_layers
-        if self.family in _SHORT_ENCODER:
+        if self.kind.encoder == "short":
             return self.main.encoder(
                 hidden_states=x, attention_mask=mask, head_mask=heads, training=training, **flags
             )
@@ -408,17 +443,15 @@ class PackedClassifier:
 
     def _head(self, flat, training):
         """The model's classification head on ``[examples, 1, H]`` first-token states."""
-        m = self.model
-        if self.family == "bert":
-            pooled = self.main.pooler(hidden_states=flat)
-        elif self.family == "albert":
-            pooled = self.main.pooler(flat[:, 0])
-        elif self.family == "deberta-v2":
-            pooled = m.pooler(flat, training=training)
-        elif self.family == "distilbert":
-            pooled = m.pre_classifier(flat[:, 0])
-        else:  # the RoBERTa-shaped, ELECTRA and MPNet heads read the first token themselves
+        m, head = self.model, self.kind.head
+        if head == "first_token":  # the classifier reads the first token itself
             return m.classifier(flat, training=training)
+        pooled = {
+            "bert_pooler": lambda: self.main.pooler(hidden_states=flat),
+            "albert_pooler": lambda: self.main.pooler(flat[:, 0]),
+            "deberta_pooler": lambda: m.pooler(flat, training=training),
+            "pre_classifier": lambda: m.pre_classifier(flat[:, 0]),
+        }[head]()
         return m.classifier(m.dropout(pooled, training=training))
 
 
