@@ -1,7 +1,8 @@
 """``python -m tpu_helpers doctor``: is this environment able to run the notebooks?
 
-Each check is a pure function of ``DoctorFacts`` so tests can feed it the facts of a good
-and a broken environment. ``gather_facts`` collects the real ones (it imports TensorFlow).
+Each check is a pure function of ``DoctorFacts`` that returns a ``Check`` (named
+``<what>_check``; the ``check_*`` functions of ``validate`` and ``workshop`` raise instead),
+so tests can feed it the facts of a good and a broken environment. ``gather_facts`` collects the real ones (it imports TensorFlow).
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ from tpu_helpers.runtime import (
 
 __all__ = [
     "DoctorFacts",
-    "check_tensorflow",
-    "check_tf_keras",
-    "check_transformers",
-    "check_datasets",
-    "check_legacy_keras",
-    "check_tpu_visible",
-    "check_tensorflow_tpu_recognised",
-    "check_libtpu",
-    "check_datasets_sees_tf",
+    "tensorflow_check",
+    "tf_keras_check",
+    "transformers_check",
+    "datasets_check",
+    "legacy_keras_check",
+    "tpu_visible_check",
+    "tensorflow_tpu_recognised_check",
+    "libtpu_check",
+    "datasets_sees_tf_check",
     "CHECKS",
     "gather_facts",
     "doctor",
@@ -64,7 +65,7 @@ class DoctorFacts:
     datasets_sees_tf: bool | None = None
 
 
-def check_tensorflow(f: DoctorFacts) -> Check:
+def tensorflow_check(f: DoctorFacts) -> Check:
     build, version = f.runtime.tensorflow_build, f.runtime.tensorflow_version
     if not build:
         fix = (
@@ -81,7 +82,7 @@ def _unreadable(check: str, package: str, version: str, fix: str) -> Check:
     return Check(check, FAIL, f"{package} version {version!r} cannot be read as major.minor", fix)
 
 
-def check_tf_keras(f: DoctorFacts) -> Check:
+def tf_keras_check(f: DoctorFacts) -> Check:
     tf_minor = minor(f.runtime.tensorflow_version)
     have = f.runtime.distributions.get("tf-keras")
     if tf_minor is None:
@@ -99,7 +100,7 @@ def check_tf_keras(f: DoctorFacts) -> Check:
     return Check("tf-keras", PASS, f"{have} matches TensorFlow {tf_minor[0]}.{tf_minor[1]}")
 
 
-def check_transformers(f: DoctorFacts) -> Check:
+def transformers_check(f: DoctorFacts) -> Check:
     have = f.runtime.distributions.get("transformers")
     if not have:
         return Check("transformers", FAIL, "not installed", f"pip install {TRANSFORMERS_PIN}")
@@ -122,7 +123,7 @@ def check_transformers(f: DoctorFacts) -> Check:
     return Check("transformers", PASS, f"{have}, TF classes import")
 
 
-def check_datasets(f: DoctorFacts) -> Check:
+def datasets_check(f: DoctorFacts) -> Check:
     ds, hub = (
         f.runtime.distributions.get("datasets"),
         f.runtime.distributions.get("huggingface-hub"),
@@ -144,7 +145,7 @@ def check_datasets(f: DoctorFacts) -> Check:
     return Check("datasets", PASS, f"datasets {ds}, huggingface-hub {hub}")
 
 
-def check_legacy_keras(f: DoctorFacts) -> Check:
+def legacy_keras_check(f: DoctorFacts) -> Check:
     fix = (
         "import tpu_helpers (or set os.environ['TF_USE_LEGACY_KERAS'] = '1') before"
         " TensorFlow, then restart the runtime"
@@ -161,7 +162,7 @@ def check_legacy_keras(f: DoctorFacts) -> Check:
     return Check("legacy keras", PASS, f"tf.keras is {f.keras_module or 'tf_keras'}")
 
 
-def check_tpu_visible(f: DoctorFacts) -> Check:
+def tpu_visible_check(f: DoctorFacts) -> Check:
     if f.runtime.accelerator != "tpu":
         return Check("tpu devices", PASS, f"not a TPU runtime ({f.runtime.accelerator})")
     if "TPU" in f.device_types:
@@ -176,7 +177,7 @@ def check_tpu_visible(f: DoctorFacts) -> Check:
     )
 
 
-def check_tensorflow_tpu_recognised(f: DoctorFacts) -> Check:
+def tensorflow_tpu_recognised_check(f: DoctorFacts) -> Check:
     if not f.runtime.distributions.get("tensorflow-tpu"):
         return Check("transformers sees TF", PASS, "tensorflow-tpu not installed")
     if f.transformers_sees_tf:
@@ -190,7 +191,7 @@ def check_tensorflow_tpu_recognised(f: DoctorFacts) -> Check:
     )
 
 
-def check_libtpu(f: DoctorFacts) -> Check:
+def libtpu_check(f: DoctorFacts) -> Check:
     if f.runtime.tensorflow_build != "tensorflow-tpu":
         return Check("libtpu", PASS, "no tensorflow-tpu, so libtpu is not used")
     have = f.runtime.distributions.get("libtpu")
@@ -207,7 +208,7 @@ def check_libtpu(f: DoctorFacts) -> Check:
     )
 
 
-def check_datasets_sees_tf(f: DoctorFacts) -> Check:
+def datasets_sees_tf_check(f: DoctorFacts) -> Check:
     if f.datasets_sees_tf is None or not f.runtime.tensorflow_build:
         return Check("datasets sees TF", PASS, "nothing to check (no datasets or no TensorFlow)")
     if f.datasets_sees_tf:
@@ -223,15 +224,15 @@ def check_datasets_sees_tf(f: DoctorFacts) -> Check:
 
 
 CHECKS: tuple[Callable[[DoctorFacts], Check], ...] = (
-    check_tensorflow,
-    check_tf_keras,
-    check_transformers,
-    check_datasets,
-    check_legacy_keras,
-    check_libtpu,
-    check_tpu_visible,
-    check_tensorflow_tpu_recognised,
-    check_datasets_sees_tf,
+    tensorflow_check,
+    tf_keras_check,
+    transformers_check,
+    datasets_check,
+    legacy_keras_check,
+    libtpu_check,
+    tpu_visible_check,
+    tensorflow_tpu_recognised_check,
+    datasets_sees_tf_check,
 )
 
 

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpu_helpers.checks import first_line
-from tpu_helpers.validate import check_labels as check_label_values
+from tpu_helpers.validate import check_labels
 from tpu_helpers.validate import check_positive
 
 __all__ = [
     "ImageSpec",
     "rebase_paths",
-    "check_labels",
+    "check_classes",
     "MAX_PIXELS",
     "image_size",
     "image_problem",
@@ -212,10 +212,11 @@ def rebase_paths(paths: Sequence[str], base: str, keep: int = 2) -> list[str]:
     return [f"{base}/{'/'.join(str(p).replace(chr(92), '/').split('/')[-keep:])}" for p in paths]
 
 
-def check_labels(labels: Sequence[int], class_names: Sequence[str], model_config=None) -> None:
-    """Refuse labels outside ``class_names`` and a model whose ``num_labels`` differs."""
+def check_classes(labels: Sequence[int], class_names: Sequence[str], model_config=None) -> None:
+    """Refuse labels outside ``class_names`` and a model whose ``num_labels`` differs
+    (``validate.check_labels`` checks the label values alone)."""
     try:
-        check_label_values(labels, len(class_names), "labels")
+        check_labels(labels, len(class_names), "labels")
     except ValueError as err:
         raise ValueError(f"{err} The classes: {list(class_names)}.") from None
     if model_config is not None and model_config.num_labels != len(class_names):
@@ -704,7 +705,7 @@ def _checked_files(paths, labels, batch_size, training, on_error, max_pixels, nu
         raise ValueError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
     check_positive(batch_size=batch_size)
     paths = [str(p) for p in paths]
-    labels = check_label_values(labels, num_labels, "labels").astype(np.int32)
+    labels = check_labels(labels, num_labels, "labels").astype(np.int32)
     if len(paths) != len(labels):
         raise ValueError(f"{len(paths)} paths but {len(labels)} labels.")
     paths, labels = _usable_files(paths, labels, on_error, max_pixels, log)
