@@ -16,14 +16,14 @@ reported.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from tpu_helpers.checks import first_line
-from tpu_helpers.validate import check_labels
-from tpu_helpers.validate import check_positive
+from tpu_helpers.validate import check_labels, check_positive
 
 __all__ = [
     "ImageSpec",
@@ -640,62 +640,92 @@ def image_batches(
     epoch)``). ``on_error="skip"`` checks every file first and leaves out the missing and
     broken ones, saying how many to ``log``; the default raises naming the file.
     """
-    import tensorflow as tf
-
-    from tpu_helpers.pipeline import STREAMS, Batches, rng, seed_pair, seeded_shuffle
+    from tpu_helpers.pipeline import Batches
 
     paths, labels = _checked_files(
         paths, labels, global_batch, training, on_error, max_pixels, num_labels, log
     )
-    n = len(paths)
     load = _loader(spec, reduced_decode and _all_jpeg(paths), max_pixels)
-    paths = np.asarray(paths)
-    cached = None
+    epochs = _ImageEpochs(np.asarray(paths), labels, load, spec, global_batch, training, seed)
     if cache:  # built once: every epoch's dataset reads the same cache
-        files = tf.data.Dataset.from_tensor_slices((paths, labels, np.ones(n, np.float32)))
-        cached = files.map(load, num_parallel_calls=tf.data.AUTOTUNE).cache()
-
-    def build(epoch, skip_steps, input_context):
-        if cached is not None:
-            return _batches(_from_cache(epoch, skip_steps), spec, global_batch)
-        order = rng(seed, epoch, STREAMS["order"]).permutation(n) if training else np.arange(n)
-        rows, weights, positions = _epoch_rows(n, global_batch, order, skip_steps)
-        ds = tf.data.Dataset.from_tensor_slices((paths[rows], labels[rows], weights, positions))
-        if training:  # crop and flip before the one resize
-            ds = ds.map(
-                lambda p, y, w, i: load(p, y, w, seed=_augmentation_seed(seed, epoch, i)),
-                num_parallel_calls=tf.data.AUTOTUNE,
-            )
-        else:
-            ds = ds.map(lambda p, y, w, i: load(p, y, w), num_parallel_calls=tf.data.AUTOTUNE)
-        return _batches(ds, spec, global_batch)
-
-    def _from_cache(epoch, skip_steps):
-        ds = cached
-        if training:
-            ds = seeded_shuffle(ds, n, seed_pair(seed, tf.constant(epoch, tf.int64), 0))
-        pad = -(-n // global_batch) * global_batch - n
-        fillers = cached.repeat().take(pad).map(lambda x, y, w: (x, y, tf.zeros_like(w)))
-        ds = ds.concatenate(fillers)
-        ds = tf.data.Dataset.zip((ds, tf.data.Dataset.range(n + pad))).skip(
-            skip_steps * global_batch
-        )
-        if training:
-            ds = ds.map(
-                lambda item, i: (augment(item[0], _augmentation_seed(seed, epoch, i)), *item[1:]),
-                num_parallel_calls=tf.data.AUTOTUNE,
-            )
-        else:
-            ds = ds.map(lambda item, i: item)
-        return ds
-
+        epochs = dataclasses.replace(epochs, cached=epochs.decoded())
     return Batches(
-        build,
-        -(-n // global_batch),
+        epochs.build,
+        -(-len(paths) // global_batch),
         global_batch,
-        examples=n,
+        examples=len(paths),
         name=f"{'training' if training else 'evaluation'} images",
     )
+
+
+@dataclass(frozen=True, eq=False)
+class _ImageEpochs:
+    """The epochs of ``image_batches``: from the files, or from the cache of their decoded
+    images (``cached``), shuffled and augmented by ``(seed, epoch)``."""
+
+    paths: np.ndarray
+    labels: np.ndarray
+    load: object
+    spec: ImageSpec
+    global_batch: int
+    training: bool
+    seed: int
+    cached: object = None
+
+    def decoded(self):
+        import tensorflow as tf
+
+        weights = np.ones(len(self.paths), np.float32)
+        files = tf.data.Dataset.from_tensor_slices((self.paths, self.labels, weights))
+        return files.map(self.load, num_parallel_calls=tf.data.AUTOTUNE).cache()
+
+    def build(self, epoch: int, skip_steps: int, input_context):
+        ds = (
+            self._from_cache(epoch, skip_steps)
+            if self.cached
+            else self._from_files(epoch, skip_steps)
+        )
+        return _batches(ds, self.spec, self.global_batch)
+
+    def _from_files(self, epoch, skip_steps):
+        import tensorflow as tf
+
+        from tpu_helpers.pipeline import STREAMS, rng
+
+        n = len(self.paths)
+        order = rng(self.seed, epoch, STREAMS["order"]).permutation(n)
+        rows, weights, positions = _epoch_rows(
+            n, self.global_batch, order if self.training else np.arange(n), skip_steps
+        )
+        ds = tf.data.Dataset.from_tensor_slices(
+            (self.paths[rows], self.labels[rows], weights, positions)
+        )
+
+        def load(path, label, weight, position):  # crop and flip before the one resize
+            seed = _augmentation_seed(self.seed, epoch, position) if self.training else None
+            return self.load(path, label, weight, seed=seed)
+
+        return ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def _from_cache(self, epoch, skip_steps):
+        import tensorflow as tf
+
+        from tpu_helpers.pipeline import seed_pair, seeded_shuffle
+
+        n, ds = len(self.paths), self.cached
+        if self.training:
+            ds = seeded_shuffle(ds, n, seed_pair(self.seed, tf.constant(epoch, tf.int64), 0))
+        pad = -(-n // self.global_batch) * self.global_batch - n
+        fillers = self.cached.repeat().take(pad).map(lambda x, y, w: (x, y, tf.zeros_like(w)))
+        ds = tf.data.Dataset.zip((ds.concatenate(fillers), tf.data.Dataset.range(n + pad)))
+
+        def augmented(item, position):
+            if not self.training:
+                return item
+            return augment(item[0], _augmentation_seed(self.seed, epoch, position)), *item[1:]
+
+        ds = ds.skip(skip_steps * self.global_batch)
+        return ds.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def _checked_files(paths, labels, batch_size, training, on_error, max_pixels, num_labels, log):
