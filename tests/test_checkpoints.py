@@ -1,6 +1,7 @@
 """Runs that are killed or interrupted resume to the weights and learning rates of a run
 that never stopped; checkpoints of another run, another model or damaged files are named."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +110,10 @@ def test_a_run_killed_again_and_again_resumes_to_the_weights_of_one_that_never_s
 ):
     out = kill_chain(tmp_path, uninterrupted, 13)
     assert "EPOCHS IN HISTORY 3" in out  # the epochs of the killed processes are kept
+    # what the checkpoints belong to: the plan's steps and global batch, recorded by
+    # fit_resumable itself, and the worker's own entry
+    recorded = json.loads((tmp_path / "run-ckpt" / "run.json").read_text())
+    assert recorded == {"data": "memory", "global_batch": 8, "steps_per_epoch": 13}
 
 
 @pytest.mark.parametrize(
@@ -178,11 +183,73 @@ def test_another_run_another_model_and_damaged_files_are_named(tmp_path):
 def test_a_model_without_weights_is_refused_with_the_fix(tmp_path):
     import tensorflow as tf
 
+    from tpu_helpers import pipeline
     from tpu_helpers.checkpoints import fit_resumable
 
     model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
     model.compile("adam", "mse")
+    plan = pipeline.from_dataset_fn(lambda e, s: None, steps_per_epoch=10, global_batch=1)
     with pytest.raises(ValueError, match="no weights yet"):
-        fit_resumable(model, lambda e, s: None, 10, 1, str(tmp_path))
+        fit_resumable(model, plan, 1, str(tmp_path))
     with pytest.raises(ValueError, match="steps_per_epoch=0"):
-        fit_resumable(model, lambda e, s: None, 0, 1, str(tmp_path))
+        pipeline.from_dataset_fn(lambda e, s: None, steps_per_epoch=0, global_batch=1)
+    # the old call, a function of (epoch, skip) and its steps, is refused with the fix
+    with pytest.raises(TypeError, match="pipeline.from_dataset_fn"):
+        fit_resumable(model, lambda e, s: None, 1, str(tmp_path))
+
+
+def test_checkpoints_of_another_global_batch_are_refused(tmp_path):
+    import tensorflow as tf
+
+    from tpu_helpers import pipeline
+    from tpu_helpers.checkpoints import CheckpointMismatchError, fit_resumable
+
+    def model():
+        x = tf.keras.Input((4,), name="x")
+        made = tf.keras.Model({"x": x}, tf.keras.layers.Dense(2)(x))
+        made.compile(tf.keras.optimizers.Adam(), "mse")
+        return made
+
+    features = {"x": np.arange(32.0).reshape(8, 4)}
+    labels = np.zeros((8, 2), np.float32)
+    said = []
+    four = pipeline.from_arrays(features, labels, global_batch=4)
+    fit_resumable(model(), four, 1, str(tmp_path), log=said.append, verbose=0)
+    recorded = json.loads((tmp_path / "run.json").read_text())
+    assert recorded == {"global_batch": 4, "steps_per_epoch": 2}
+    eight = pipeline.from_arrays(features, labels, global_batch=8)
+    with pytest.raises(CheckpointMismatchError, match="global_batch was 4 there and is 8"):
+        fit_resumable(model(), eight, 2, str(tmp_path), log=said.append, verbose=0)
+
+
+def test_the_resume_pieces_of_a_plain_fit_loop(tmp_path):
+    """What notebook 01 writes around ``model.fit``: ``resume_point`` restores and says
+    where to go on, ``callback`` saves (step 0, every N steps, each epoch's end) and keeps
+    the history of every process."""
+    import numpy as np
+
+    from tpu_helpers.checkpoints import RunCheckpoints
+    from tpu_helpers.pipeline import from_arrays
+
+    import tensorflow as tf
+
+    def named():  # takes the pipeline's feature dict
+        x = tf.keras.Input((4,), name="x")
+        model = tf.keras.Model({"x": x}, tf.keras.layers.Dense(2)(tf.keras.layers.Dense(3)(x)))
+        model.compile(tf.keras.optimizers.Adam(), "mse")
+        return model
+
+    data = from_arrays({"x": np.ones((24, 4), np.float32)}, np.zeros(24, np.int64), global_batch=4)
+    model = named()
+    first = RunCheckpoints(str(tmp_path), model, model.optimizer, {"data": "ones"})
+    assert first.resume_point(data.steps_per_epoch) == (0, 0)
+    model.fit(
+        data.dataset(0, skip_steps=0), epochs=1, steps_per_epoch=6, callbacks=[first.callback(4)]
+    )
+    assert [int(p.rsplit("-", 1)[1]) for p in first.manager.checkpoints] == [0, 4, 6]
+    again = named()
+    second = RunCheckpoints(str(tmp_path), again, again.optimizer, {"data": "ones"})
+    assert second.resume_point(6) == (1, 0) and second.step == 6
+    assert list(second.history()) == ["loss"] and len(second.history()["loss"]) == 1
+    with pytest.raises(ValueError, match="every_minutes=-1"):
+        second.callback(every_minutes=-1)

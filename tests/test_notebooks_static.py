@@ -228,3 +228,13 @@ def test_notebooks_use_only_declared_helper_names(path):
         if name not in declared:
             undeclared.append(f"{module}.{name}")
     assert not undeclared, f"not in their module's __all__: {undeclared}"
+
+
+def test_notebook_01_trains_with_model_fit_in_its_own_code():
+    """The lesson in the title is on the page: ``model.fit`` on an epoch's batches, with
+    the resume pieces (a restore call, a callback) a learner can carry to their own job."""
+    path = ROOT / "notebooks" / "01_text_classification_fit.ipynb"
+    code = "\n".join(source(c) for c in load(path)["cells"] if c["cell_type"] == "code")
+    assert "model.fit(" in code and "fit_resumable(" not in code
+    assert ".distribute(strategy, epoch, skip_steps=skip)" in code
+    assert ".resume_point(" in code and ".callback(" in code

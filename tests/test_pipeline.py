@@ -129,7 +129,9 @@ def test_every_builder_keeps_the_contract(builders, name):
 def test_padding_and_widths_are_declared(builders):
     text, packed = builders["text"], builders["packed"]
     assert text.max_width == 64 and 0 < text.padding.real_token_share < 1
-    assert packed.max_width == 64 and packed.padding.real_token_share > text.padding.real_token_share
+    assert (
+        packed.max_width == 64 and packed.padding.real_token_share > text.padding.real_token_share
+    )
     assert builders["records"].max_width == 64
 
 
@@ -215,9 +217,7 @@ def test_trainers_refuse_what_is_not_a_plan(fixtures_dir, tmp_path, builders):
             call()
 
 
-def test_rows_wider_than_the_models_positions_are_refused_before_any_step(
-    fixtures_dir, tmp_path
-):
+def test_rows_wider_than_the_models_positions_are_refused_before_any_step(fixtures_dir, tmp_path):
     from tpu_helpers import text
     from tpu_helpers.checkpoints import fit_resumable
 

@@ -154,6 +154,27 @@ class RunCheckpoints:
                 " optimizer that wrote it, or start in an empty checkpoint folder."
             ) from err
 
+    def resume_point(self, steps_per_epoch: int) -> tuple[int, int]:
+        """Restore the newest checkpoint (the optimizer's slots built first, so that they
+        are checked too) and return ``(epoch, skip_steps)``: where the run goes on, the
+        optimizer's step counter being the data position."""
+        check_positive(steps_per_epoch=steps_per_epoch)
+        _build_optimizer(self.model, self.optimizer)
+        return divmod(self.restore(), steps_per_epoch)
+
+    def callback(self, every_steps: int | None = None, every_minutes: float | None = None):
+        """A Keras callback for ``fit``: a checkpoint at step 0 if the folder has none,
+        after ``every_steps`` steps or ``every_minutes`` minutes (checked at the end of
+        each ``steps_per_execution`` call; ``None`` or 0: never by that measure) and at
+        every epoch's end, whose logs it adds to ``history()``."""
+        _check_save_every(every_steps, every_minutes, self.directory)
+        return _saver(self, every_steps, every_minutes)
+
+    def history(self) -> dict:
+        """``{metric: [value per epoch]}`` of every epoch of the run, those trained by
+        earlier processes included (``history.json``), as ``History.history``."""
+        return _History(self.directory).merged()
+
     def save(self) -> str:
         """Write a checkpoint numbered by the step (and ``run.json`` the first time)."""
         import tensorflow as tf
@@ -166,28 +187,41 @@ class RunCheckpoints:
 
 
 def _saver(checkpoints: RunCheckpoints, every_steps: int | None, every_minutes: float | None):
-    """A Keras callback that saves when ``every_steps`` steps or ``every_minutes`` minutes
-    have passed since the last save, checked after each ``steps_per_execution`` call."""
+    """The Keras callback of ``RunCheckpoints.callback``."""
     import tensorflow as tf
 
     class Saver(tf.keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
             self.last_step, self.last_time = checkpoints.step, time.monotonic()
+            self.history = _History(checkpoints.directory)
+
+        def on_train_begin(self, logs=None):
+            if not checkpoints.manager.latest_checkpoint:
+                self._save()  # step 0: what a re-run after an early interrupt starts from
+            self.last_step, self.last_time = checkpoints.step, time.monotonic()
 
         def on_train_batch_end(self, batch, logs=None):
-            step = checkpoints.step
-            due = every_steps and step - self.last_step >= every_steps
+            due = every_steps and checkpoints.step - self.last_step >= every_steps
             due = due or (every_minutes and time.monotonic() - self.last_time >= 60 * every_minutes)
             if due:
-                path = checkpoints.save()
-                checkpoints.log(f"checkpoint step {step}: {path}")
-                self.last_step, self.last_time = step, time.monotonic()
+                self._save()
+
+        def on_epoch_end(self, epoch, logs=None):
+            # the row before the save: a kill between the two redoes the epoch's end,
+            # whose row it replaces
+            self.history.add(epoch, {k: [v] for k, v in (logs or {}).items()})
+            if checkpoints.step != self.last_step:
+                self._save()
+
+        def _save(self):
+            checkpoints.log(f"checkpoint step {checkpoints.step}: {checkpoints.save()}")
+            self.last_step, self.last_time = checkpoints.step, time.monotonic()
 
     return Saver()
 
 
-def _build_optimizer(model) -> None:
+def _build_optimizer(model, optimizer) -> None:
     """Create the optimizer's slots now, so that a restore checks them at once."""
     if not model.built or not model.variables:
         raise ValueError(
@@ -195,7 +229,7 @@ def _build_optimizer(model) -> None:
             " build it first (a transformers model from from_pretrained is built; otherwise"
             " call it once on a batch, or model.build_in_name_scope())."
         )
-    optimizer = model.optimizer  # Keras' optimizers (not the legacy ones) build slots so
+    # Keras' optimizers (not the legacy ones) build their slots so
     if hasattr(optimizer, "add_variable_from_reference") and not getattr(
         optimizer, "_built", False
     ):
@@ -245,19 +279,13 @@ def fit_resumable(
         fit_kwargs["validation_steps"] = validation.steps_on(strategy)
     run = {"steps_per_epoch": steps_per_epoch, "global_batch": train.global_batch, **(run or {})}
     checkpoints = RunCheckpoints(checkpoint_dir, model, model.optimizer, run, max_to_keep, log)
-    _build_optimizer(model)
-    start = checkpoints.restore()
-    if not checkpoints.manager.latest_checkpoint:
-        checkpoints.save()  # step 0: what a re-run after an early interrupt starts from
-    if start >= steps_per_epoch * epochs:
-        log(f"already trained: step {start} of {steps_per_epoch * epochs}")
-        return _History(checkpoint_dir).merged()
-    saver = _saver(checkpoints, every_steps, every_minutes)
-    history = _History(checkpoint_dir)
-    for epoch in range(start // steps_per_epoch, epochs):
-        skip = checkpoints.step - epoch * steps_per_epoch
+    saver = checkpoints.callback(every_steps, every_minutes)
+    epoch, skip = checkpoints.resume_point(steps_per_epoch)
+    if epoch >= epochs:
+        log(f"already trained: step {checkpoints.step} of {steps_per_epoch * epochs}")
+    while epoch < epochs:
         with data_errors_explained(train, f"epoch {epoch + 1} after step {checkpoints.step}"):
-            done = model.fit(
+            model.fit(
                 train.distribute(strategy, epoch, skip_steps=skip),
                 initial_epoch=epoch,
                 epochs=epoch + 1,
@@ -265,11 +293,8 @@ def fit_resumable(
                 callbacks=[*callbacks, saver],
                 **fit_kwargs,
             )
-        history.add(epoch, done.history)  # before the save: a kill between the two redoes
-        if checkpoints.step != saver.last_step:  # the epoch's end, whose row it replaces
-            log(f"checkpoint step {checkpoints.step}: {checkpoints.save()}")
-            saver.last_step, saver.last_time = checkpoints.step, time.monotonic()
-    return history.merged()
+        epoch, skip = epoch + 1, 0
+    return checkpoints.history()
 
 
 def _check_save_every(every_steps, every_minutes, checkpoint_dir) -> None:
