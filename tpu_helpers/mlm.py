@@ -9,7 +9,7 @@
   mask, so a run resumed from a checkpoint sees the masks an uninterrupted run would
   have seen. Labels are the original ids with a 0/1 weight per position (the XLA-safe
   masked loss), never ``-100`` with boolean indexing.
-* ``masked_dataset`` / ``mask_batches``: batches of blocks, masked with a seed derived
+* ``masked_batches`` / ``mask_batches``: batches of blocks, masked with a seed derived
   from ``(seed, epoch, step)``.
 * ``clean_lines``: raw-text lines as a reader of wikitext expects them: no blank lines, no
   `` = Heading = `` lines.

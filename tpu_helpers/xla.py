@@ -661,7 +661,7 @@ def _not_batched_check(specs) -> Check | None:
         f"elements are single examples ({len(scalars)} scalar component(s), such as the"
         " label): the dataset is not batched",
         "dataset.batch(global_batch, drop_remainder=True) before preflight and training"
-        " (or text.make_text_dataset / records.read_records)",
+        " (or a pipeline.Batches: text.text_batches, records.read_records ...)",
     )
 
 
