@@ -27,6 +27,24 @@ import numpy as np
 
 from tpu_helpers.validate import check_boundaries, check_labels, check_positive, check_present
 
+__all__ = [
+    "SCHEMES",
+    "load_text_dataset",
+    "OFFSET_POSITIONS",
+    "position_limit",
+    "check_max_length",
+    "tokenize",
+    "choose_boundaries",
+    "padding_boundaries",
+    "PaddingReport",
+    "padding_report",
+    "global_batch_size",
+    "batch_plan",
+    "count_steps",
+    "text_batches",
+    "longest_padded_batches",
+]
+
 SCHEMES = ("max_length", "multiple", "buckets")
 
 
@@ -186,55 +204,75 @@ def choose_boundaries(
     """At most ``max_shapes`` batch widths, each a multiple of ``multiple``, that minimise
     the padding of ``lengths`` when each example goes to the narrowest width that fits.
 
-    Exact: dynamic programming over the candidate widths ``multiple, 2*multiple, ...``.
+    Exact: dynamic programming over the candidate widths ``multiple, 2*multiple, ...``
+    that some example rounds up to (a width no example rounds up to saves no padding).
     The widest boundary always covers the longest example (capped at ``max_length``).
+    With at least as many shapes as candidates, each candidate is a width (no padding
+    beyond the multiple), so the work never grows with ``max_shapes``. Ties go to fewer
+    widths, then to narrower ones.
+
+    >>> choose_boundaries([5, 6, 7, 9, 12, 12, 30], max_shapes=2)
+    [16, 32]
+    >>> choose_boundaries([5, 6, 7, 9, 12, 12, 30], max_shapes=2000)
+    [8, 16, 32]
     """
+    if isinstance(max_shapes, bool) or not isinstance(max_shapes, int | np.integer):
+        raise ValueError(
+            f"max_shapes={max_shapes!r} is a {type(max_shapes).__name__}, not a whole number"
+            " of batch widths. Fix: an int such as max_shapes=4 (each width is one XLA"
+            " compilation; 2 to 8 is usual)."
+        )
+    if max_shapes < 1:
+        raise ValueError(
+            f"max_shapes={max_shapes} must be at least 1. Fix: an int such as max_shapes=4"
+            " (each width is one XLA compilation; 2 to 8 is usual)."
+        )
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
         raise ValueError("choose_boundaries needs at least one length.")
-    if max_shapes < 1:
-        raise ValueError(f"max_shapes={max_shapes} must be at least 1.")
     top = _round_up(int(lengths.max()), multiple)
     if max_length is not None:
         top = min(top, max_length)
-    candidates = [w for w in range(multiple, top, multiple)] + [top]
-    m = len(candidates)
-    # count[i], total[i]: examples and their tokens with length in (candidates[i-1], candidates[i]]
-    edges = [0] + candidates
-    count = np.array([((lengths > edges[i]) & (lengths <= edges[i + 1])).sum() for i in range(m)])
-    total = np.array(
-        [lengths[(lengths > edges[i]) & (lengths <= edges[i + 1])].sum() for i in range(m)]
-    )
-    ccount, ctotal = (
-        np.concatenate([[0], np.cumsum(count)]),
-        np.concatenate([[0], np.cumsum(total)]),
-    )
-
-    def waste(i: int, j: int) -> int:  # groups i..j (inclusive) padded to candidates[j]
-        n = ccount[j + 1] - ccount[i]
-        return int(n * candidates[j] - (ctotal[j + 1] - ctotal[i]))
-
-    inf = float("inf")
-    # best[k][j]: least waste covering groups 0..j with k boundaries, the last at j
-    best = [[inf] * m for _ in range(max_shapes + 1)]
-    back = [[-1] * m for _ in range(max_shapes + 1)]
-    for j in range(m):
-        best[1][j] = waste(0, j)
-    for k in range(2, max_shapes + 1):
-        for j in range(m):
-            for i in range(j):
-                cost = best[k - 1][i] + waste(i + 1, j)
-                if cost < best[k][j]:
-                    best[k][j], back[k][j] = cost, i
-    k = min(range(1, max_shapes + 1), key=lambda k: (best[k][m - 1], k))
-    chosen, j = [], m - 1
-    while j >= 0 and k >= 1:
-        chosen.append(candidates[j])
-        j, k = back[k][j], k - 1
+    candidates = np.array([*range(multiple, top, multiple), top], dtype=np.int64)
+    # the examples, and their tokens, with 0 < length <= each candidate (a group is the
+    # lengths between two neighbouring candidates)
+    held = np.sort(lengths[(lengths > 0) & (lengths <= top)])
+    count = np.searchsorted(held, candidates, side="right")
+    total = np.concatenate([[0], np.cumsum(held)])[count]
+    # Only the widths some example rounds up to, and the widest: a width over an empty
+    # group pads more than the width below it, or is a shape that saves nothing.
+    keep = np.flatnonzero(np.diff(count, prepend=0) > 0)
+    if keep.size == 0 or keep[-1] != len(candidates) - 1:
+        keep = np.append(keep, len(candidates) - 1)
+    widths, count, total = candidates[keep], count[keep].astype(float), total[keep].astype(float)
+    s = len(widths)
+    if max_shapes >= s:
+        bounds = widths.tolist()  # each its own width: no padding beyond the multiple
+    else:
+        # best[k, j]: least padding of the examples up to widths[j] with k + 1 widths, the
+        # widest widths[j]; one numpy pass per k (float64 counts tokens exactly below 2**53)
+        best = np.full((max_shapes, s), np.inf)
+        back = np.full((max_shapes, s), -1)
+        best[0] = count * widths - total
+        rows = np.arange(s)
+        block = max(1, 2**21 // s)  # columns at once: at most 2M cells (16 MB) an array
+        for k in range(1, max_shapes):
+            for start in range(0, s, block):
+                cols = rows[start : start + block]
+                # cost[i, j]: k widths up to widths[i], then those after it padded to widths[j]
+                pad = (count[cols] - count[:, None]) * widths[cols] - (total[cols] - total[:, None])
+                cost = np.where(rows[:, None] < cols, best[k - 1][:, None] + pad, np.inf)
+                arg = cost.argmin(axis=0)  # the first minimum: the narrower width on ties
+                best[k, cols] = cost[arg, np.arange(len(cols))]
+                back[k, cols] = np.where(np.isfinite(best[k, cols]), arg, -1)
+        k, j, bounds = int(np.argmin(best[:, -1])), s - 1, []  # first minimum: fewest widths
+        while j >= 0 and k >= 0:
+            bounds.append(int(widths[j]))
+            j, k = back[k, j], k - 1
+        bounds.sort()
     # Widths no example uses are dropped: they would add a shape and save nothing.
-    bounds = sorted(chosen)
     used = np.unique(np.searchsorted(bounds, np.minimum(lengths, bounds[-1])))
-    return [bounds[i] for i in used]
+    return [int(bounds[i]) for i in used]
 
 
 def padding_boundaries(

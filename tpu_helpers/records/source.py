@@ -18,6 +18,7 @@ from tpu_helpers.records.layout import (
     FORMAT,
     LIST_KIND,
     RecordsError,
+    metadata_path,
     split_files,
     tf_dtypes,
 )
@@ -96,6 +97,10 @@ def _check_metadata(metadata: dict, path: str) -> None:
         for key, kind in _SHARD_KEYS.items():
             if not isinstance(shard, dict) or not isinstance(shard.get(key), kind):
                 raise bad(f"shards[{i}]", f"has no {kind.__name__} {key!r}")
+        for key in ("num_records", "bytes"):  # "bytes": optional, write_records adds it
+            value = shard.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise bad(f"shards[{i}]", f"has {key} {value!r}, not a count (an int from 0)")
     for name, feature in metadata["features"].items():
         if not isinstance(feature, dict) or "dtype" not in feature or "shape" not in feature:
             raise bad(f"features[{name!r}]", "needs a 'dtype' and a 'shape'")
@@ -135,16 +140,74 @@ def _metadata_shards(metadata: dict, check_sizes: bool) -> list[Shard]:
     shards = []
     for s in metadata["shards"]:
         path = f"{folder}/{s['file']}"
-        if check_sizes and "bytes" in s:
+        if check_sizes:
             size = tf.io.gfile.stat(path).length
-            if size != s["bytes"]:
+            if "bytes" in s and size != s["bytes"]:
                 raise RecordsError(
                     f"{path} has {size:,} bytes, the metadata says {s['bytes']:,}: the shard is"
                     " truncated or was replaced. Fix: copy it again, or"
                     " on_corrupt='skip' to train without it."
                 )
+            _check_count_fits(path, size, s["num_records"], metadata)
         shards.append(Shard(path, s["num_records"], s.get("lengths")))
     return shards
+
+
+#: Bytes a TFRecord record takes besides its data: its length (8), the length's CRC (4)
+#: and the data's CRC (4).
+RECORD_FRAMING_BYTES = 16
+
+
+def _check_count_fits(path: str, size: int, count: int, metadata: dict) -> None:
+    """Refuse a shard whose metadata count its file cannot hold (fewer than 16 bytes a
+    record), or a count of 0 for a file with records: found here, the wrong count would
+    otherwise stop the run at the end of the first epoch, inside tf.data. ``size`` is
+    the shard's ``stat``, which the check of the metadata's ``bytes`` makes anyway. A GZIP
+    shard has no such bound (records compress): only a count of 0 is checked, by reading
+    one record."""
+    import tensorflow as tf
+
+    split = metadata["split"]
+    meta_file = metadata_path(metadata["_dir"], split)
+    fix = (
+        f" Fix: records.verify_records({meta_file!r}) counts every shard's records; then"
+        " write the split again (write_records(..., overwrite=True)) or copy the folder"
+        " again as it was written."
+    )
+    compression = metadata.get("compression") or ("GZIP" if path.endswith(".gz") else None)
+    if compression:
+        if count > 0 or size == 0:
+            return
+        try:
+            holds = list(tf.data.TFRecordDataset(path, compression_type=compression).take(1))
+        except tf.errors.OpError:
+            return  # unreadable: the reading names that, with its own fix
+        if holds:
+            raise RecordsError(
+                f"{path} holds records, but {split}.metadata.json says 0: the count is wrong"
+                " (hand-edited?) or the shard was replaced." + fix
+            )
+        return
+    if size >= RECORD_FRAMING_BYTES * count and (count > 0 or size == 0):
+        return
+    with tf.io.gfile.GFile(path, "rb") as f:
+        if f.read(3) == b"\x1f\x8b\x08":  # a GZIP header (deflate)
+            raise RecordsError(
+                f"{path} is GZIP-compressed, and {split}.metadata.json has no"
+                ' "compression": "GZIP". Fix: write the split again (write_records'
+                " records the compression it used)."
+            )
+    if count == 0:
+        raise RecordsError(
+            f"{path} has {size:,} bytes, but {split}.metadata.json says it holds 0 records:"
+            " the count is wrong (hand-edited?) or the shard was replaced." + fix
+        )
+    raise RecordsError(
+        f"{path} has {size:,} bytes, too few for the {count:,} records {split}.metadata.json"
+        f" says it holds (a TFRecord record takes at least {RECORD_FRAMING_BYTES} bytes, so"
+        f" at most {size // RECORD_FRAMING_BYTES:,} fit): the count is wrong (hand-edited?)"
+        " or the shard was replaced or cut short." + fix
+    )
 
 
 def scan_shard(path: str, compression: str | None = None) -> tuple[int, str | None]:
