@@ -6,7 +6,8 @@ Two of these processes, each a ``MultiWorkerMirroredStrategy`` worker with one r
 make a two-host cluster on loopback: one input pipeline per host, gradients all-reduced
 between them each step. For each data source (an in-memory tokenized split, bucketed
 shards, fixed-length shards) the host records, step by step, the width, the example ids
-and the weights its replica was given over one epoch, then trains on the same epochs with
+and the weights its replica was given over one epoch (each source one ``pipeline.Batches``,
+``batches.distribute(strategy, epoch, skip_steps=...)``), then trains on the same epochs with
 ``CustomLoop``, with checkpoints in DATA_DIR/ckpt-*. ``--kill-at`` trains the bucketed
 shards only, into a second checkpoint folder, and ends the process hard after that step's
 checkpoint; ``--resume`` trains them again from that folder. The first token of every
@@ -62,11 +63,12 @@ def observe(strategy, dataset):
     return steps
 
 
-def train(strategy, dataset_fn, steps_per_epoch, checkpoint_dir=None, kill_at=None):
+def train(strategy, batches, checkpoint_dir=None, kill_at=None):
     with strategy.scope():
         model = Pooled()
         optimizer = tf.keras.optimizers.SGD(0.5)
     global_batch = PER_REPLICA * strategy.num_replicas_in_sync
+    assert batches.global_batch == global_batch
     loop = CustomLoop(strategy, model, optimizer, global_batch, checkpoint_dir, steps_per_call=2)
     resumed_at = loop.restore() if checkpoint_dir else 0
 
@@ -75,7 +77,7 @@ def train(strategy, dataset_fn, steps_per_epoch, checkpoint_dir=None, kill_at=No
         if kill_at is not None and message.startswith(f"checkpoint step {kill_at}:"):
             os._exit(3)  # a host preempted right after a checkpoint
 
-    loop.fit(dataset_fn, steps_per_epoch, EPOCHS, checkpoint_every=3, log=log)
+    loop.fit(batches, EPOCHS, checkpoint_every=3, log=log)
     weights = [float(np.abs(w).sum()) for w in model.get_weights()]
     return {"resumed_at": resumed_at, "final_step": loop.step, "weights": weights}
 
@@ -89,41 +91,37 @@ def main(data_dir, out, kill_at=None, resume=False):
     bucketed = records.open_records(f"{data_dir}/bucketed")
     fixed = records.open_records(f"{data_dir}/fixed")
     widths = text.choose_boundaries(records.record_lengths(bucketed), 3)
-
-    def in_memory(epoch=0, skip=0):
-        return text.distribute_text_dataset(
-            strategy, split, PER_REPLICA, boundaries, seed=epoch, skip_steps=skip
-        )
+    global_batch = PER_REPLICA * strategy.num_replicas_in_sync
 
     def from_records(source, **kw):
-        def make(epoch=0, skip=0):
-            return records.distribute_records(
-                strategy,
-                source,
-                PER_REPLICA,
-                seed=7,
-                epoch=epoch,
-                skip_steps=skip,
-                shared_filesystem=True,  # both "hosts" see this machine's disk
-                **kw,
-            )
+        return records.read_records(
+            source,
+            global_batch=global_batch,
+            seed=7,
+            shared_filesystem=True,  # both "hosts" see this machine's disk
+            **kw,
+        )
 
-        return make
-
-    sources = {
-        "in_memory": in_memory,
+    sources = {  # one plan each; every epoch, from any step, is batches.distribute(...)
+        "in_memory": text.text_batches(
+            split, global_batch=global_batch, boundaries=boundaries, seed=0
+        ),
         "bucketed": from_records(bucketed, boundaries=widths),
         "fixed": from_records(fixed),
     }
     interrupted = kill_at is not None or resume
-    for name, make in sources.items():
+    for name, batches in sources.items():
         if interrupted and name != "bucketed":
             continue
-        steps = make()[1]
-        entry = {"steps_per_epoch": steps}
+        steps = batches.steps_on(strategy)
+        entry = {"steps_per_epoch": steps, "one_host_steps": batches.steps_per_epoch}
         if not interrupted:
-            entry["epochs"] = [observe(strategy, make(e)[0]) for e in range(EPOCHS)]
-            entry["resumed_epoch"] = observe(strategy, make(1, 2)[0])
+            entry["epochs"] = [
+                observe(strategy, batches.distribute(strategy, e)) for e in range(EPOCHS)
+            ]
+            entry["resumed_epoch"] = observe(
+                strategy, batches.distribute(strategy, 1, skip_steps=2)
+            )
         if name in ("bucketed", "fixed"):
             plan = records.plan_reads(
                 bucketed if name == "bucketed" else fixed,
@@ -133,9 +131,7 @@ def main(data_dir, out, kill_at=None, resume=False):
             )
             entry["files"] = sorted(p for paths in plan.files[task] for p in paths)
         checkpoint_dir = f"{data_dir}/ckpt-{name}-{'killed' if interrupted else 'whole'}-{task}"
-        entry["training"] = train(
-            strategy, lambda e, s, make=make: make(e, s)[0], steps, checkpoint_dir, kill_at
-        )
+        entry["training"] = train(strategy, batches, checkpoint_dir, kill_at)
         result[name] = entry
     with open(out, "w") as f:
         json.dump(result, f)

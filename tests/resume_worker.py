@@ -128,10 +128,9 @@ def main():
     tf.config.experimental.enable_op_determinism()
     tf.keras.utils.set_random_seed(0)
     split = counting_split()
-    steps = text.count_steps(split["length"], WIDTHS, BATCH)
-
-    def dataset_fn(epoch, skip):
-        return text.make_text_dataset(split, BATCH, WIDTHS, seed=epoch, skip_steps=skip)
+    # one plan for the whole run: each epoch, from any step, is train_batches.distribute(...)
+    train_batches = text.text_batches(split, global_batch=BATCH, boundaries=WIDTHS, seed=0)
+    assert train_batches.steps_per_epoch == text.count_steps(split["length"], WIDTHS, BATCH)
 
     if args.data != "memory":  # notebooks 03 and 06: shards written once, read per epoch
         from tpu_helpers import mlm, records
@@ -147,23 +146,19 @@ def main():
         if not os.path.exists(f"{folder}/train.metadata.json"):
             records.write_records(rows, folder, progress=False, shard_records=30)
         source = records.open_records(f"{folder}/train.metadata.json")
-
-        def dataset_fn(epoch, skip):  # noqa: F811
-            batches = records.read_records(
-                source, BATCH, label_column, widths, seed=0, epoch=epoch, skip_steps=skip
-            )
-            if args.data == "masked":  # notebook 06: the masks of (seed, epoch, step)
-                return mlm.mask_batches(batches, BlockTokenizer(), 0, epoch, first_step=skip)
-            return batches
-
-        steps = records.read_records(source, BATCH, label_column, widths, seed=0).steps
+        train_batches = records.read_records(
+            source, global_batch=BATCH, label_column=label_column, boundaries=widths, seed=0
+        )
+        if args.data == "masked":  # notebook 06: the masks of (seed, epoch, step)
+            train_batches = mlm.masked_batches(train_batches, BlockTokenizer(), seed=0)
+    steps = train_batches.steps_per_epoch
 
     model = tiny_model(steps * EPOCHS, masked=args.data == "masked")
     if args.loop == "custom":
         loop = custom_loop(model, args)
 
         def train():
-            history = loop.fit(dataset_fn, steps, EPOCHS, checkpoint_every=args.every)
+            history = loop.fit(train_batches, EPOCHS, checkpoint_every=args.every)
             return {"loss": [row["loss"] for row in history]}
 
     else:
@@ -172,12 +167,11 @@ def main():
         def train():
             return checkpoints.fit_resumable(
                 model,
-                dataset_fn,
-                steps,
+                train_batches,
                 EPOCHS,
                 args.dir,
                 every_steps=args.every,
-                run={"global_batch": BATCH},
+                run={"data": args.data},
                 callbacks=watch,
                 verbose=0,
             )

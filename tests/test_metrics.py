@@ -38,38 +38,52 @@ def test_predict_classes_scores_every_example_once_in_dataset_order():
     ids = [rng.integers(1, 30, n).tolist() for n in lengths]
     split = {"input_ids": ids, "length": lengths.tolist(), "label": [int(x[0] > 15) for x in ids]}
     strategy = tf.distribute.get_strategy()
-    dataset, steps = text.distribute_text_dataset(strategy, split, 8, [8, 24], shuffle=False)
+    batches = text.text_batches(split, global_batch=8, boundaries=[8, 24], shuffle=False)
+    steps = batches.steps_on(strategy)
+    assert steps == batches.steps_per_epoch
 
     # Predicts class 1 exactly when the first token is > 15: its predictions equal the labels.
     def model(features, training=False):
         first = tf.cast(features["input_ids"][:, :1] > 15, tf.float32)
         return tf.concat([1 - first, first], axis=1)
 
-    labels, preds, weights = predict_classes(model, dataset, steps, strategy)
+    labels, preds, weights = predict_classes(model, batches, strategy)
     assert len(labels) == steps * 8 and weights.sum() == 45
     assert (labels == preds).all()
     assert sorted(labels[weights == 1].tolist()) == sorted(split["label"])
 
 
-def test_predict_classes_distributes_a_plain_dataset_across_replicas():
+def test_predict_classes_distributes_a_hand_made_pipeline_across_replicas():
     from tests.conftest import run_python
 
     result = run_python(
         """
         import numpy as np, tensorflow as tf
         import tpu_helpers
+        from tpu_helpers import pipeline
         from tpu_helpers.metrics import predict_classes
         strategy = tpu_helpers.connect(simulated_replicas=2)
         x = np.arange(24, dtype=np.float32).reshape(24, 1)
         ds = tf.data.Dataset.from_tensor_slices(({"x": x}, (x[:, 0] > 11).astype(np.int32),
                                                  np.ones(24, np.float32))).batch(8)
         model = lambda f, training=False: tf.concat([11.5 - f["x"], f["x"] - 11.5], axis=1)
-        labels, preds, weights = predict_classes(model, ds, 3, strategy)
+        try:  # a plain dataset has no steps nor epochs: refused, naming the wrapper
+            predict_classes(model, ds, strategy)
+        except TypeError as err:
+            assert "pipeline.from_dataset_fn" in str(err), err
+        else:
+            raise AssertionError("a plain dataset was taken")
+        batches = pipeline.from_dataset_fn(
+            lambda epoch, skip: ds.skip(skip), steps_per_epoch=3, global_batch=8
+        )
+        labels, preds, weights = predict_classes(model, batches, strategy)
         print("result", len(labels), len(preds), int((labels == preds).sum()))
+        print("order", sorted(labels.tolist()) == sorted((x[:, 0] > 11).astype(int).tolist()))
         """
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "result 24 24 24" in result.stdout
+    assert "order True" in result.stdout
 
 
 def test_count_examples_in_the_runtime():

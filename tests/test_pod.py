@@ -112,8 +112,13 @@ def test_every_host_and_replica_agree_and_every_example_is_used_once(pod, source
     _, data, hosts = pod
     assert [h["replicas"] for h in hosts] == [2, 2]
     a, b = hosts[0][source], hosts[1][source]
-    steps = a["steps_per_epoch"]
+    steps = a["steps_per_epoch"]  # batches.steps_on(strategy)
     assert steps == b["steps_per_epoch"] and steps > 0
+    assert a["one_host_steps"] == b["one_host_steps"]  # batches.steps_per_epoch
+    if source == "in_memory":  # every host cuts its replicas' rows from the same plan
+        assert steps == a["one_host_steps"]
+    else:  # each host reads its own shards: it may need filler steps, never fewer
+        assert steps >= a["one_host_steps"]
     for epoch in range(2):
         one, two = a["epochs"][epoch], b["epochs"][epoch]
         # every host ran the same number of steps, which is the steps per epoch

@@ -91,9 +91,11 @@ def test_fixed_records_round_trip_on_ram_bucket():
     assert meta["source"] == {"tokenizer": "t"}
     assert tf.io.gfile.exists(f"{out}/train.metadata.json")
 
-    ds = records.read_records(out, batch_size=32, shuffle=False)
+    batches = records.read_records(out, global_batch=32, shuffle=False)
+    assert (batches.global_batch, batches.examples, batches.padding) == (32, 300, None)
+    ds = batches.dataset()
     # every record once: 9 full batches, the 10th has 12 records and 20 weight-0 copies
-    assert ds.steps == 10 and int(ds.cardinality()) == ds.steps
+    assert batches.steps_per_epoch == 10 and int(ds.cardinality()) == batches.steps_per_epoch
     seen = []
     for i, (features, labels, weights) in enumerate(ds):
         assert weights.numpy().tolist() == [1.0] * (32 if i < 9 else 12) + [0.0] * (
@@ -106,7 +108,7 @@ def test_fixed_records_round_trip_on_ram_bucket():
         np.testing.assert_array_equal(features["input_ids"][0], data[int(row)]["input_ids"])
     assert sorted(seen) == list(range(300))
 
-    shuffled = records.read_records(out, batch_size=32, seed=1)
+    shuffled = records.read_records(out, global_batch=32, seed=1).dataset()
     order = [int(x) for f, _, w in shuffled for x in f["idx"].numpy()[w.numpy() == 1]]
     assert sorted(order) != order and sorted(order) == list(range(300))
 
@@ -115,7 +117,7 @@ def test_shuffling_mixes_the_whole_buffer_anew_each_epoch_and_repeats_an_epoch(t
     records.write_records(_fixed_dataset(n=320), str(tmp_path), progress=False)  # one shard
 
     def order(epoch, **kw):
-        ds = records.read_records(str(tmp_path), 32, seed=3, epoch=epoch, **kw)
+        ds = records.read_records(str(tmp_path), global_batch=32, seed=3, **kw).dataset(epoch)
         return [int(x) for f, _, w in ds for x in f["idx"].numpy()[w.numpy() == 1]]
 
     first = order(0)
@@ -154,9 +156,10 @@ def test_variable_length_records_are_padded_per_batch(fixtures_dir):
     assert sorted(lengths.tolist()) == sorted(split["length"])
 
     widths = text.choose_boundaries(lengths, max_shapes=3)
-    ds = records.read_records(source, 16, boundaries=widths, seed=0)
-    batches = list(ds)
-    assert len(batches) == ds.steps
+    plan = records.read_records(source, global_batch=16, boundaries=widths, seed=0)
+    assert plan.max_width == widths[-1] and plan.examples == len(lengths)
+    batches = list(plan.dataset())
+    assert len(batches) == plan.steps_per_epoch
     per_width = {w: 0 for w in widths}
     records_read = 0
     for features, _, weights in batches:
@@ -179,7 +182,7 @@ def test_any_iterable_with_gzip_and_string_features(tmp_path):
     rows = ({"text": f"sentence {i}", "label": i % 3, "score": [0.5 * i]} for i in range(50))
     meta = records.write_records(rows, str(tmp_path), compression="GZIP", shard_records=20)
     assert [s["file"] for s in meta["shards"]][0] == "train-00000-of-00003.tfrecord.gz"
-    ds = records.read_records(str(tmp_path), 10, shuffle=False)
+    ds = records.read_records(str(tmp_path), global_batch=10, shuffle=False).dataset()
     features, labels, _ = next(iter(ds))
     assert features["text"].numpy()[3] == b"sentence 3"
     assert features["score"].numpy()[4].tolist() == [2.0]
@@ -199,32 +202,39 @@ def test_the_tutorial_file_loads_with_a_hand_written_spec(tmp_path):
         "input_ids": tf.io.FixedLenFeature((128,), dtype=tf.int64),
         "labels": tf.io.FixedLenFeature((1,), dtype=tf.int64),
     }
-    ds = records.read_records(path, 8, spec=spec, label_column="labels", shuffle=False)
+    said = []
+    batches = records.read_records(
+        path, global_batch=8, spec=spec, label_column="labels", shuffle=False, log=said.append
+    )
+    # no metadata: the records are counted first (steps were None before)
+    assert batches.steps_per_epoch == 5 and batches.examples == 40
+    assert any("without metadata: counting their records" in s for s in said), said
+    ds = batches.dataset()
     features, labels, _ = next(iter(ds))
     assert features["input_ids"].shape == (8, 128) and labels.shape == (8, 1)
     assert sum(1 for _ in ds) == 5
 
     with pytest.raises(ValueError, match="no metadata file.*spec="):
-        records.read_records(path, 8)
+        records.read_records(path, global_batch=8)
     bad = dict(spec, input_ids=tf.io.FixedLenFeature((64,), dtype=tf.int64))
     with pytest.raises(RecordsError, match="'input_ids'.*128 values.*\\[64\\]"):
-        records.read_records(path, 8, spec=bad, label_column="labels")
+        records.read_records(path, global_batch=8, spec=bad, label_column="labels")
 
 
 def test_bad_paths_and_specs_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="No record files match .*nothing-\\*"):
-        records.read_records(str(tmp_path / "nothing-*.tfrecord"), 8, spec={})
+        records.read_records(str(tmp_path / "nothing-*.tfrecord"), global_batch=8, spec={})
     records.write_records(_fixed_dataset(40), str(tmp_path))
     with pytest.raises(FileExistsError, match="overwrite=True"):
         records.write_records(_fixed_dataset(40), str(tmp_path))
     with pytest.raises(RecordsError, match="no label feature 'labels'.*'label'"):
-        records.read_records(str(tmp_path), 8, label_column="labels")
+        records.read_records(str(tmp_path), global_batch=8, label_column="labels")
     with pytest.raises(RecordsError, match="differs from the one the records were written"):
         records.read_records(
-            str(tmp_path), 8, spec={"input_ids": {"dtype": "int64", "shape": [32]}}
+            str(tmp_path), global_batch=8, spec={"input_ids": {"dtype": "int64", "shape": [32]}}
         )
-    with pytest.raises(ValueError, match="batch_size=0"):
-        records.read_records(str(tmp_path), 0)
+    with pytest.raises(ValueError, match="global_batch=0"):
+        records.read_records(str(tmp_path), global_batch=0)
 
 
 def _write_shards(tmp_path, n=200):
@@ -237,7 +247,7 @@ def test_truncated_shard_is_caught_before_training(tmp_path):
     data = open(shards[2], "rb").read()
     open(shards[2], "wb").write(data[: len(data) // 2])
     with pytest.raises(RecordsError, match="train-00002-of-00004.tfrecord has .* truncated"):
-        records.read_records(str(tmp_path), 10)
+        records.read_records(str(tmp_path), global_batch=10)
 
 
 def test_corrupt_shard_is_named_and_can_be_skipped(tmp_path, capsys):
@@ -250,12 +260,16 @@ def test_corrupt_shard_is_named_and_can_be_skipped(tmp_path, capsys):
     assert len(problems) == 1 and "train-00001-of-00004.tfrecord" in problems[0]
     assert "corrupted record at" in problems[0]
 
-    ds = records.read_records(str(tmp_path), 10, on_corrupt="skip", shuffle=False)
+    batches = records.read_records(str(tmp_path), global_batch=10, on_corrupt="skip", shuffle=False)
     out = capsys.readouterr().out
     assert "skipped 1 corrupt shard(s), 50 records not read" in out
     assert "train-00001-of-00004" in out
-    idx = [int(x) for f, _, _ in ds for x in f["idx"]]
-    assert ds.steps == 15 and sorted(idx) == [i for i in range(200) if not 50 <= i < 100]
+    idx = [int(x) for f, _, _ in batches.dataset() for x in f["idx"]]
+    assert (
+        batches.steps_per_epoch == 15
+        and batches.examples == 150
+        and sorted(idx) == [i for i in range(200) if not 50 <= i < 100]
+    )
     source = records.open_records(str(tmp_path), on_corrupt="skip")
     assert source.skipped_records == 50 and len(source.skipped) == 1
     assert source.num_records == 150
@@ -266,36 +280,39 @@ def test_metadata_that_disagrees_with_the_files(tmp_path):
     extra = shards[0].replace("00000-of-00004", "00009-of-00004")
     tf.io.gfile.copy(shards[0], extra)
     with pytest.raises(RecordsError, match="does not list"):
-        records.read_records(str(tmp_path), 10)
+        records.read_records(str(tmp_path), global_batch=10)
     tf.io.gfile.remove(extra)
     tf.io.gfile.remove(shards[3])
     with pytest.raises(RecordsError, match="missing from .*train-00003-of-00004"):
-        records.read_records(str(tmp_path), 10)
+        records.read_records(str(tmp_path), global_batch=10)
     _write_shards(tmp_path / "count")
     meta_file = tmp_path / "count" / "train.metadata.json"
     meta = json.loads(meta_file.read_text())
     meta["num_records"] = 250
     meta_file.write_text(json.dumps(meta))
     with pytest.raises(RecordsError, match="says 250 records but its shards add up to 200"):
-        records.read_records(str(tmp_path / "count"), 10)
+        records.read_records(str(tmp_path / "count"), global_batch=10)
 
 
 def test_too_few_shards_for_the_input_pipelines(tmp_path):
     _write_shards(tmp_path)  # 4 shards
     context = tf.distribute.InputContext(num_input_pipelines=8, input_pipeline_id=0)
+    local = records.read_records(str(tmp_path), global_batch=10)
     with pytest.raises(RecordsError, match="is a path on this host, and 8 input pipelines"):
-        records.read_records(str(tmp_path), 10, input_context=context)
+        local.build(0, 0, context)  # what a host of a pod slice calls
+    shared = records.read_records(str(tmp_path), global_batch=10, shared_filesystem=True)
     with pytest.raises(RecordsError, match="4 shard\\(s\\) cannot feed 8 input pipelines"):
-        records.read_records(str(tmp_path), 10, input_context=context, shared_filesystem=True)
+        shared.build(0, 0, context)
     context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=2)
-    ds = records.read_records(
-        str(tmp_path), 10, input_context=context, shuffle=False, shared_filesystem=True
+    plan = records.read_records(
+        str(tmp_path), global_batch=10, shuffle=False, shared_filesystem=True
     )
     # pipeline 0 reads shards 0 and 3, pipeline 2 shard 2 only: it runs as many steps as
     # pipeline 0, the last five of them batches of weight-0 rows
-    batches = [(f["idx"].numpy(), w.numpy()) for f, _, w in ds]
+    batches = [(f["idx"].numpy(), w.numpy()) for f, _, w in plan.build(0, 0, context)]
     real = [int(i) for idx, w in batches for i in idx[w == 1]]
-    assert ds.steps == len(batches) == 10 and sorted(real) == list(range(100, 150))
+    assert plan.steps_per_epoch == 20  # one host reads all 200 records
+    assert plan.steps_for(3, 1) == len(batches) == 10 and sorted(real) == list(range(100, 150))
     assert [float(w.sum()) for _, w in batches] == [10.0] * 5 + [0.0] * 5
 
 
@@ -328,14 +345,16 @@ def test_memory_stays_flat_as_the_data_grows(tmp_path):
     assert large < 1.3 * small, (small, large)
 
 
-def test_distribute_records_under_two_replicas(tmp_path):
+def test_records_distributed_under_two_replicas(tmp_path):
     records.write_records(_fixed_dataset(200), str(tmp_path), shard_records=40)
     result = run_python(
         f"""
         import tpu_helpers
         from tpu_helpers import records
         strategy = tpu_helpers.connect(simulated_replicas=2)
-        ds, steps = records.distribute_records(strategy, {str(tmp_path)!r}, 8, shuffle=False)
+        batches = records.read_records({str(tmp_path)!r}, global_batch=16, shuffle=False)
+        assert batches.per_replica_batch(strategy.num_replicas_in_sync) == 8
+        ds, steps = batches.distribute(strategy), batches.steps_on(strategy)
         n, seen = 0, []
         for features, labels, weights in ds:
             parts = strategy.experimental_local_results(features["input_ids"])
@@ -360,7 +379,9 @@ def test_attention_mask_comes_from_lengths_not_token_values(tmp_path):
     # records longer than the widest width (6 and 7 tokens here) are cut to it
     rows = [{"input_ids": [0] * (1 + i % 7), "label": i % 2} for i in range(42)]
     records.write_records(rows, str(tmp_path))
-    ds = records.read_records(str(tmp_path), 4, boundaries=[2, 5], shuffle=False)
+    ds = records.read_records(
+        str(tmp_path), global_batch=4, boundaries=[2, 5], shuffle=False
+    ).dataset()
     for features, _, _ in ds:
         assert features["input_ids"].shape[1] in (2, 5)
         lengths = features["attention_mask"].numpy().sum(axis=1)
@@ -372,7 +393,8 @@ def test_attention_mask_comes_from_lengths_not_token_values(tmp_path):
 # --- writes that fail, overlap or die leave the old split whole --------------------------
 def _read_all(folder, split="train"):
     source = records.open_records(records.metadata_path(str(folder), split))
-    return sum(int(b[1].shape[0]) for b in records.read_records(source, 10, shuffle=False))
+    batches = records.read_records(source, global_batch=10, shuffle=False)
+    return sum(int(w.numpy().sum()) for _, _, w in batches.dataset())
 
 
 def test_a_failed_overwrite_keeps_the_old_split(tmp_path):
@@ -444,14 +466,14 @@ def test_no_variable_length_record_is_left_out(tmp_path):
     # 7 short and 3 long records, batch 4: whole batches alone would read 4 of the 10
     rows = [{"input_ids": [5] * (2 if i < 7 else 9), "label": i % 2} for i in range(10)]
     records.write_records(rows, str(tmp_path))
-    ds = records.read_records(str(tmp_path), 4, boundaries=[4, 16], shuffle=False)
-    batches = list(ds)
-    assert len(batches) == ds.steps == 3  # ceil(7 / 4) + ceil(3 / 4)
+    plan = records.read_records(str(tmp_path), global_batch=4, boundaries=[4, 16], shuffle=False)
+    batches = list(plan.dataset())
+    assert len(batches) == plan.steps_per_epoch == 3  # ceil(7 / 4) + ceil(3 / 4)
     assert sum(float(w.numpy().sum()) for _, _, w in batches) == 10
     assert all(f["input_ids"].shape[0] == 4 for f, _, _ in batches)
     # when no width fills a batch, the records still come out
-    few = records.read_records(str(tmp_path), 16, boundaries=[4, 16], shuffle=False)
-    assert sum(float(w.numpy().sum()) for _, _, w in few) == 10
+    few = records.read_records(str(tmp_path), global_batch=16, boundaries=[4, 16], shuffle=False)
+    assert sum(float(w.numpy().sum()) for _, _, w in few.dataset()) == 10
 
 
 def test_values_that_would_read_back_wrong_are_refused(tmp_path):
@@ -470,19 +492,20 @@ def test_values_that_would_read_back_wrong_are_refused(tmp_path):
     big = [{"input_ids": [1, 2**40], "label": 0}] * 4
     records.write_records(big, str(tmp_path / "big"))
     with pytest.raises(RecordsError, match="'input_ids' holds 1099511627776, beyond the int32"):
-        records.read_records(str(tmp_path / "big"), 2)
+        records.read_records(str(tmp_path / "big"), global_batch=2)
 
     unlabelled = [{"input_ids": [1, 2], "label": -1}] * 4
     records.write_records(unlabelled, str(tmp_path / "test-split"))
     with pytest.raises(RecordsError, match="'label' holds label -1.*GLUE test splits"):
-        records.read_records(str(tmp_path / "test-split"), 2)
+        records.read_records(str(tmp_path / "test-split"), global_batch=2)
     three = [{"input_ids": [1, 2], "label": i % 3} for i in range(6)]  # into a 2-label model
     records.write_records(three, str(tmp_path / "three"))
     with pytest.raises(RecordsError, match="holds label 2, and the model has 2 labels.*=3"):
-        records.read_records(str(tmp_path / "three"), 2, num_labels=2)
-    assert records.read_records(str(tmp_path / "three"), 2, num_labels=3).steps == 3
+        records.read_records(str(tmp_path / "three"), global_batch=2, num_labels=2)
+    three_ok = records.read_records(str(tmp_path / "three"), global_batch=2, num_labels=3)
+    assert three_ok.steps_per_epoch == 3
     with pytest.raises(ValueError, match="Fix: boundaries=\\[4, 8\\]"):
-        records.read_records(str(tmp_path / "none"), 2, boundaries=[8, 4])
+        records.read_records(str(tmp_path / "none"), global_batch=2, boundaries=[8, 4])
 
 
 @pytest.mark.parametrize(
@@ -545,7 +568,9 @@ def test_shards_that_span_widths_are_read_at_their_widest_and_named(tmp_path, ca
     source = records.open_records(str(tmp_path))
     plan = records.plan_reads(source, 8, [16, 32, 64])
     assert plan.mixed == (source.shards[0].path,) and plan.counts.tolist() == [[0, 0, 400]]
-    ds = records.read_records(source, 8, boundaries=[16, 32, 64], shuffle=False)
+    ds = records.read_records(
+        source, global_batch=8, boundaries=[16, 32, 64], shuffle=False
+    ).dataset()
     assert "hold records of several widths" in capsys.readouterr().out
     assert {int(f["input_ids"].shape[1]) for f, _, _ in ds} == {64}
     assert sum(float(w.numpy().sum()) for _, _, w in ds) == 400
@@ -568,9 +593,19 @@ def test_the_input_pipeline_is_tensorflow_ops_only(tmp_path):
 
     generator = tf.data.Dataset.from_generator(lambda: iter([1]), tf.int64)
     assert python_in(generator._as_serialized_graph().numpy())
+    from_records = records.read_records(
+        str(tmp_path), global_batch=8, boundaries=[16, 64], seed=1, shared_filesystem=True
+    )
+    from_text = text.text_batches(split, global_batch=8, boundaries=[16, 64])
+    # (repeat=True is gone: a run builds each epoch, from any step, and each host its own)
+    context = tf.distribute.InputContext(2, 1, num_replicas_in_sync=2)
     for ds in (
-        records.read_records(str(tmp_path), 8, boundaries=[16, 64], seed=1, repeat=True),
-        text.make_text_dataset(split, 8, [16, 64]),
+        from_records.dataset(0),
+        from_records.dataset(1, skip_steps=3),
+        from_records.build(1, 2, context),
+        from_text.dataset(0),
+        from_text.dataset(1, skip_steps=3),
+        from_text.build(1, 2, context),
     ):
         graph = ds._as_serialized_graph().numpy()
         assert not python_in(graph)
@@ -580,25 +615,87 @@ def test_the_input_pipeline_is_tensorflow_ops_only(tmp_path):
 def test_a_resumed_epoch_continues_with_the_same_batches(tmp_path):
     records.write_records(_varied_rows(), str(tmp_path), shard_records=25, progress=False)
 
-    def firsts(**kw):
-        ds = records.read_records(str(tmp_path), 8, boundaries=[16, 32, 64], seed=3, **kw)
+    def firsts(epoch, skip_steps=0):  # a new plan each time: a new (resumed) process
+        plan = records.read_records(str(tmp_path), global_batch=8, boundaries=[16, 32, 64], seed=3)
+        ds = plan.dataset(epoch, skip_steps=skip_steps)
         return [f["input_ids"].numpy()[:, 0].tolist() for f, _, _ in ds]
 
-    whole, again = firsts(epoch=1), firsts(epoch=1)
-    assert whole == again and firsts(epoch=1, skip_steps=5) == whole[5:]
-    assert firsts(epoch=2) != whole
+    whole, again = firsts(1), firsts(1)
+    assert whole == again and firsts(1, skip_steps=5) == whole[5:]
+    assert firsts(2) != whole
+
+
+def _numpy_batches(ds):
+    return [
+        ({k: v.numpy() for k, v in f.items()}, labels.numpy(), w.numpy()) for f, labels, w in ds
+    ]
+
+
+def _assert_same_batches(got, want):
+    assert len(got) == len(want)
+    for (gf, gl, gw), (wf, wl, ww) in zip(got, want, strict=True):
+        assert set(gf) == set(wf)
+        for name in wf:
+            np.testing.assert_array_equal(gf[name], wf[name])
+        np.testing.assert_array_equal(gl, wl)
+        np.testing.assert_array_equal(gw, ww)
+
+
+@pytest.mark.parametrize("epoch", [0, 2])
+@pytest.mark.parametrize("boundaries", [None, [16, 32, 64]], ids=["one-width", "three-widths"])
+def test_read_records_keep_the_contract(tmp_path, epoch, boundaries):
+    """The contract of a Batches: ``dataset(e, skip_steps=k)`` is exactly the tail of
+    ``dataset(e)`` from step k (in a new plan too: a resumed process), an epoch has
+    ``steps_per_epoch`` batches, their weights sum to the records, and every element is
+    ``(features, labels, weights)``."""
+    records.write_records(_varied_rows(), str(tmp_path), shard_records=25, progress=False)
+
+    def plan():
+        return records.read_records(
+            str(tmp_path), global_batch=16, boundaries=boundaries, seed=5, shuffle_buffer=64
+        )
+
+    batches = plan()
+    whole = _numpy_batches(batches.dataset(epoch))
+    assert len(whole) == len(list(batches.dataset(epoch))) == batches.steps_per_epoch
+    assert sum(float(w.sum()) for _, _, w in whole) == 400 == batches.examples
+    for element in batches.dataset(epoch):
+        assert isinstance(element, tuple) and len(element) == 3
+        features, labels, weights = element
+        assert isinstance(features, dict) and "label" not in features
+        assert labels.shape == weights.shape == (16,)
+    ids = [int(i) for f, _, w in whole for i in f["input_ids"][:, 0][w == 1]]
+    assert sorted(ids) == list(range(1, 401))  # every record once with weight 1
+    resumed = plan()
+    for skip in range(1, batches.steps_per_epoch):
+        _assert_same_batches(_numpy_batches(resumed.dataset(epoch, skip_steps=skip)), whole[skip:])
+    with pytest.raises(ValueError, match="skip_steps="):
+        batches.dataset(epoch, skip_steps=batches.steps_per_epoch)
+
+
+def test_records_without_labels_have_zero_labels_in_three_parts(tmp_path):
+    records.write_records(_fixed_dataset(n=50), str(tmp_path), progress=False)
+    batches = records.read_records(str(tmp_path), global_batch=16, label_column=None, seed=0)
+    elements = list(batches.dataset())
+    assert len(elements) == batches.steps_per_epoch == 4
+    for element in elements:
+        assert len(element) == 3  # (features, weights) before
+        features, labels, weights = element
+        assert "label" in features  # not a label column: a feature like any other
+        assert labels.dtype == tf.int32 and labels.shape == (16,) and not labels.numpy().any()
+    assert sum(float(w.numpy().sum()) for _, _, w in elements) == 50
 
 
 def test_each_step_gives_every_local_replica_a_batch_of_one_width(tmp_path):
     records.write_records(_varied_rows(), str(tmp_path), shard_records=25, progress=False)
     context = tf.distribute.InputContext(1, 0, num_replicas_in_sync=2)
-    ds = records.read_records(
-        str(tmp_path), 8, boundaries=[16, 32, 64], seed=2, input_context=context
-    )
+    plan = records.read_records(str(tmp_path), global_batch=16, boundaries=[16, 32, 64], seed=2)
     elements = [
-        (int(f["input_ids"].shape[1]), f["input_ids"].numpy()[:, 0], w.numpy()) for f, _, w in ds
+        (int(f["input_ids"].shape[1]), f["input_ids"].numpy()[:, 0], w.numpy())
+        for f, _, w in plan.build(0, 0, context)
     ]
-    assert len(elements) == 2 * ds.steps
+    assert all(len(w) == 8 for _, _, w in elements)  # per-replica batches of 16 / 2
+    assert len(elements) == 2 * plan.steps_per_epoch
     # elements 2k and 2k+1 go to the two replicas of step k: one width per step
     assert all(elements[k][0] == elements[k + 1][0] for k in range(0, len(elements), 2))
     assert len({w for w, _, _ in elements}) == 3
@@ -613,10 +710,14 @@ def test_files_without_metadata_are_read_whole_at_the_widest_width(tmp_path, cap
         "input_ids": {"dtype": "int64", "shape": [None]},
         "label": {"dtype": "int64", "shape": []},
     }
-    ds = records.read_records(
-        str(tmp_path / "*.tfrecord"), 8, boundaries=[16, 64], spec=spec, seed=0
+    plan = records.read_records(
+        str(tmp_path / "*.tfrecord"), global_batch=8, boundaries=[16, 64], spec=spec, seed=0
     )
-    batches = [(f["input_ids"].shape[1], w.numpy()) for f, _, w in ds]
-    assert ds.steps is None and {width for width, _ in batches} == {64}
+    out = capsys.readouterr().out
+    assert "8 file(s) without metadata: counting their records" in out
+    batches = [(f["input_ids"].shape[1], w.numpy()) for f, _, w in plan.dataset()]
+    # counted first: the steps are known (they were None), 400 records in batches of 8
+    assert plan.steps_per_epoch == len(batches) == 50 and plan.examples == 400
+    assert {width for width, _ in batches} == {64}
     assert sum(float(w.sum()) for _, w in batches) == 400
-    assert "padded to the widest" in capsys.readouterr().out
+    assert "padded to the widest" in out

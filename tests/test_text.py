@@ -168,35 +168,96 @@ def test_tf_dataset_batches_match_the_plan():
     split = _counting_split(seed=0)
     lengths = np.array(split["length"])
     bounds = text.choose_boundaries(lengths, 3)
-    ds = text.make_text_dataset(split, 16, bounds, epochs=2)
-    seen_weight = 0.0
-    for features, labels, weights in ds:
-        ids, mask = features["input_ids"].numpy(), features["attention_mask"].numpy()
-        assert ids.shape[0] == 16 and ids.shape[1] in bounds
-        row_lengths = mask.sum(1)
-        assert (ids[mask == 0] == 0).all() and (ids[:, 0] == 1).all()
-        assert (labels.numpy() == row_lengths % 2).all()  # labels travel with their rows
-        seen_weight += float(tf.reduce_sum(weights))
-    assert seen_weight == 2 * 100
-    assert ds.steps_per_epoch == 7
+    batches = text.text_batches(split, global_batch=16, boundaries=bounds)
+    assert batches.steps_per_epoch == 7
+    assert (batches.global_batch, batches.examples, batches.max_width) == (16, 100, bounds[-1])
+    assert batches.padding == text.padding_report(lengths, bounds)
+    orders = []
+    for epoch in range(2):  # what epochs=2 did: two epochs, each every example once
+        seen_weight = 0.0
+        steps = 0
+        order = []
+        for features, labels, weights in batches.dataset(epoch):
+            ids, mask = features["input_ids"].numpy(), features["attention_mask"].numpy()
+            assert ids.shape[0] == 16 and ids.shape[1] in bounds
+            row_lengths = mask.sum(1)
+            assert (ids[mask == 0] == 0).all() and (ids[:, 0] == 1).all()
+            assert (labels.numpy() == row_lengths % 2).all()  # labels travel with their rows
+            seen_weight += float(tf.reduce_sum(weights))
+            order.append(row_lengths.tolist())
+            steps += 1
+        assert seen_weight == 100
+        assert steps == batches.steps_per_epoch
+        orders.append(order)
+    assert orders[0] != orders[1]  # each epoch shuffled anew
+
+
+def _resume_split():
+    lengths = list(range(2, 66))
+    return {
+        "input_ids": [[1] * n for n in lengths],
+        "length": lengths,
+        "label": [n % 3 for n in lengths],
+    }
+
+
+def _as_numpy(element):
+    features, labels, weights = element
+    return {k: v.numpy() for k, v in features.items()}, labels.numpy(), weights.numpy()
+
+
+def _assert_same_batches(got, want):
+    assert len(got) == len(want)
+    for (gf, gl, gw), (wf, wl, ww) in zip(got, want, strict=True):
+        assert set(gf) == set(wf)
+        for name in wf:
+            np.testing.assert_array_equal(gf[name], wf[name])
+        np.testing.assert_array_equal(gl, wl)
+        np.testing.assert_array_equal(gw, ww)
 
 
 def test_skip_steps_resumes_at_the_same_batch():
-    lengths = list(range(2, 66))
-    split = {
-        "input_ids": [[1] * n for n in lengths],
-        "length": lengths,
-        "label": [0] * len(lengths),
-    }
+    split = _resume_split()
     full = [
         f["attention_mask"].numpy().sum()
-        for f, _, _ in text.make_text_dataset(split, 8, [16, 32, 64], seed=4)
+        for f, _, _ in text.text_batches(
+            split, global_batch=8, boundaries=[16, 32, 64], seed=4
+        ).dataset()
     ]
     tail = [
         f["attention_mask"].numpy().sum()
-        for f, _, _ in text.make_text_dataset(split, 8, [16, 32, 64], seed=4, skip_steps=3)
+        for f, _, _ in text.text_batches(
+            split, global_batch=8, boundaries=[16, 32, 64], seed=4
+        ).dataset(skip_steps=3)
     ]
     assert tail == full[3:]
+
+
+@pytest.mark.parametrize("epoch", [0, 1, 3])
+def test_text_batches_keep_the_contract(epoch):
+    """The contract of a Batches: ``dataset(e, skip_steps=k)`` is exactly the tail of
+    ``dataset(e)`` from step k (in a new plan too: a resumed process), an epoch has
+    ``steps_per_epoch`` batches whose weights sum to the examples, and every element is
+    ``(features, labels, weights)``."""
+    split = _resume_split()
+
+    def plan():
+        return text.text_batches(split, global_batch=8, boundaries=[16, 32, 64], seed=4)
+
+    batches = plan()
+    whole = [_as_numpy(e) for e in batches.dataset(epoch)]
+    assert len(whole) == len(list(batches.dataset(epoch))) == batches.steps_per_epoch
+    assert sum(float(w.sum()) for _, _, w in whole) == len(split["length"]) == batches.examples
+    for element in batches.dataset(epoch):
+        assert isinstance(element, tuple) and len(element) == 3
+        features, labels, weights = element
+        assert isinstance(features, dict) and labels.shape == weights.shape == (8,)
+    resumed = plan()
+    for skip in range(1, batches.steps_per_epoch):
+        part = [_as_numpy(e) for e in resumed.dataset(epoch, skip_steps=skip)]
+        _assert_same_batches(part, whole[skip:])
+    with pytest.raises(ValueError, match="skip_steps="):
+        batches.dataset(epoch, skip_steps=batches.steps_per_epoch)
 
 
 def test_count_steps_matches_the_plan():
@@ -209,10 +270,13 @@ def test_count_steps_matches_the_plan():
 
 def test_longest_padded_batches_are_as_wide_as_their_longest_row():
     split = _counting_split(seed=1)
-    ds = text.longest_padded_dataset(split, 16, seed=3)
+    # seed 0: epoch 0's order comes from pipeline.rng(seed, epoch) now; the old seed=3
+    # (numpy's default_rng(3)) order had 4 widths, this one's order has 4 too
+    batches = text.longest_padded_batches(split, global_batch=16, seed=0)
+    assert batches.steps_per_epoch == 6 and batches.examples == 96
     seen = []
     widths = set()
-    for features, labels, weights in ds:
+    for features, labels, weights in batches.dataset():
         ids, mask = features["input_ids"].numpy(), features["attention_mask"].numpy()
         row_lengths = mask.sum(1)
         assert ids.shape == (16, row_lengths.max()) and (weights.numpy() == 1).all()
@@ -222,6 +286,14 @@ def test_longest_padded_batches_are_as_wide_as_their_longest_row():
         widths.add(ids.shape[1])
     assert len(seen) == 96 and len(widths) > 3  # 6 full batches, one width each
     assert sorted(seen) != seen  # shuffled, not sorted by length
+
+    def row_lengths_of(epoch):
+        return [
+            int(n) for f, _, _ in batches.dataset(epoch) for n in f["attention_mask"].numpy().sum(1)
+        ]
+
+    assert row_lengths_of(0) == seen  # an epoch is the same every time it is read
+    assert row_lengths_of(1) != seen  # and each epoch has its own order
 
 
 # --- bad input where it enters --------------------------------------------------------
@@ -242,7 +314,7 @@ def _split(labels, n=None):
 )
 def test_bad_labels_are_named_with_their_row(labels, num_labels, message):
     with pytest.raises(ValueError, match=message):
-        text.make_text_dataset(_split(labels), 2, [4], num_labels=num_labels)
+        text.text_batches(_split(labels), global_batch=2, boundaries=[4], num_labels=num_labels)
 
 
 @pytest.mark.parametrize(
@@ -251,7 +323,7 @@ def test_bad_labels_are_named_with_their_row(labels, num_labels, message):
 )
 def test_bad_widths_are_refused_with_the_list_to_use(boundaries, fix):
     with pytest.raises(ValueError, match=f"Fix: boundaries={fix}"):
-        text.make_text_dataset(_split([0, 1, 0, 1]), 2, boundaries)
+        text.text_batches(_split([0, 1, 0, 1]), global_batch=2, boundaries=boundaries)
     with pytest.raises(ValueError, match="positive and increasing"):
         text.batch_plan([3, 3], boundaries, 2)
 
@@ -260,7 +332,7 @@ def test_a_missing_column_is_named():
     split = _split([0, 1])
     del split["length"]
     with pytest.raises(ValueError, match="no column 'length'.*text.tokenize"):
-        text.make_text_dataset(split, 2, [4])
+        text.text_batches(split, global_batch=2, boundaries=[4])
 
 
 def test_sentence_pairs_are_tokenized_with_token_types_and_batched_with_them(fixtures_dir):
@@ -278,8 +350,8 @@ def test_sentence_pairs_are_tokenized_with_token_types_and_batched_with_them(fix
         expected = bert(row["sentence1"], row["sentence2"])
         assert ids == expected["input_ids"] and types == expected["token_type_ids"]
         assert 0 < sum(types) < len(types)  # the second sentence and its separator
-    ds = text.make_text_dataset(pairs, 8, [64, 128], shuffle=False)
-    features, _, weights = next(iter(ds))
+    batches = text.text_batches(pairs, global_batch=8, boundaries=[64, 128], shuffle=False)
+    features, _, weights = next(iter(batches.dataset()))
     assert set(features) == {"input_ids", "token_type_ids", "attention_mask"}
     first = int(np.flatnonzero(weights.numpy())[0])
     n = len(pairs["token_type_ids"][0])
@@ -307,4 +379,4 @@ def test_missing_text_and_empty_splits_are_named():
         text.tokenize(Dataset.from_list(rows), Whitespace(), 32, "sentence1", 1000, "sentence2")
     empty = {"input_ids": [], "length": [], "label": []}
     with pytest.raises(ValueError, match="no examples"):
-        text.make_text_dataset(empty, 8, [16])
+        text.text_batches(empty, global_batch=8, boundaries=[16])

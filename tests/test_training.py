@@ -51,18 +51,14 @@ def train(checkpoint_dir, epochs=3, model_class=Tiny):
     split = {"input_ids": ids, "length": lengths.tolist(), "label": [int(x[0] > 25) for x in ids]}
     strategy = tpu_helpers.connect(verbose=False)
     boundaries = text.choose_boundaries(lengths, 3)
-    steps = text.distribute_text_dataset(strategy, split, 16, boundaries)[1]
-
-    def train_fn(epoch, skip):
-        return text.distribute_text_dataset(
-            strategy, split, 16, boundaries, seed=epoch, skip_steps=skip
-        )[0]
+    batches = text.text_batches(split, global_batch=16, boundaries=boundaries, seed=0)
+    steps = batches.steps_on(strategy)
 
     with strategy.scope():
         model, optimizer = model_class(), tf.keras.optimizers.Adam(0.01)
     loop = CustomLoop(strategy, model, optimizer, 16, str(checkpoint_dir), steps_per_call=4)
     said = []
-    loop.fit(train_fn, steps, epochs=epochs, checkpoint_every=5, log=said.append)
+    loop.fit(batches, epochs=epochs, checkpoint_every=5, log=said.append)
     return loop, steps, said
 
 
@@ -97,14 +93,23 @@ def test_a_corrupt_checkpoint_is_named_and_the_one_before_restored(tmp_path):
 
 
 def test_a_batch_of_the_wrong_size_is_refused():
+    from tpu_helpers import pipeline
+
     strategy = tf.distribute.get_strategy()
     model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
     loop = CustomLoop(strategy, model, tf.keras.optimizers.Adam(), global_batch=16)
     per_replica = tf.data.Dataset.from_tensor_slices(
         (np.ones((64, 3), np.float32), np.zeros(64, np.int32), np.ones(64, np.float32))
     ).batch(8, drop_remainder=True)
+    # batches that say they are of 8 rows: refused before any step
+    eight = pipeline.from_dataset_fn(lambda e, s: per_replica, steps_per_epoch=2, global_batch=8)
+    with pytest.raises(ValueError, match="8 rows per step.*global_batch=16"):
+        loop.fit(eight, epochs=1, log=lambda m: None)
+    # batches that say 16 rows and give each replica 8: refused at the first step
+    lying = pipeline.Batches(lambda e, s, c: per_replica, 2, 16, reads_per_host=True)
     with pytest.raises(ValueError, match="batch of 8 rows .*global_batch=16"):
-        loop.fit(lambda epoch, skip: per_replica, steps_per_epoch=2, epochs=1, log=lambda m: None)
+        loop.fit(lying, epochs=1, log=lambda m: None)
+    assert loop.step == 0
 
 
 def test_a_corrupt_record_file_met_in_training_says_how_to_find_it(tmp_path):
@@ -120,11 +125,13 @@ def test_a_corrupt_record_file_met_in_training_says_how_to_find_it(tmp_path):
     inputs = tf.keras.Input((4,), name="x")
     model = tf.keras.Model({"x": inputs}, tf.keras.layers.Dense(2)(inputs))
     loop = CustomLoop(tf.distribute.get_strategy(), model, tf.keras.optimizers.Adam(), 10)
-    with pytest.raises(tf.errors.DataLossError, match="verify_records.*on_corrupt='skip'"):
-        loop.fit(
-            lambda epoch, skip: records.read_records(str(tmp_path), 10, shuffle=False),
-            steps_per_epoch=20,
-            epochs=1,
-            log=lambda m: None,
-        )
+    batches = records.read_records(str(tmp_path), global_batch=10, shuffle=False)
+    assert batches.steps_per_epoch == 20
+    # the plan knows its shards: the message names the corrupt one (it said "use
+    # verify_records to find it" when the loop had a bare dataset)
+    with pytest.raises(
+        tf.errors.DataLossError,
+        match=f"{meta['shards'][1]['file']}: .*corrupt.*on_corrupt='skip'",
+    ):
+        loop.fit(batches, epochs=1, log=lambda m: None)
     assert np.isfinite(model.get_weights()[0]).all()
