@@ -647,3 +647,31 @@ def test_restarted_positions():
     for wrong, message in wrong_answers:
         with pytest.raises(Wrong, match=message):
             workshop.check_restarted_positions(wrong)
+
+
+def test_replica_loss_is_judged_inside_strategy_run_on_every_replica():
+    """Given the strategy, the answer runs where the loop runs it: there
+    ``tf.nn.compute_average_loss`` without ``global_batch_size`` finds the replicas itself
+    (right), while a per-replica mean is still refused."""
+    from conftest import run_python
+
+    result = run_python(
+        """
+        import tpu_helpers
+        strategy = tpu_helpers.connect(simulated_replicas=2)
+        import tensorflow as tf
+        from tpu_helpers import workshop
+        workshop.check_replica_loss(lambda loss, gb: tf.nn.compute_average_loss(loss), 16, strategy)
+        workshop.check_replica_loss(
+            lambda loss, gb: tf.nn.compute_average_loss(loss, global_batch_size=gb), 16, strategy
+        )
+        try:
+            workshop.check_replica_loss(lambda loss, gb: tf.reduce_mean(loss), 16, strategy)
+        except workshop.ExerciseCheckError as err:
+            assert "own 8 rows" in str(err), err
+        else:
+            raise AssertionError("a per-replica mean passed")
+        print("OK")
+        """
+    )
+    assert result.stdout.strip().endswith("OK"), result.stdout[-2000:] + result.stderr[-3000:]

@@ -314,20 +314,31 @@ def check_global_batch(
 
 
 def check_replica_loss(
-    replica_loss: Callable, global_batch: int, replicas: int, exercise: str = "02.2"
+    replica_loss: Callable, global_batch: int, replicas, exercise: str = "02.2"
 ) -> None:
     """Summed over the replicas (as the gradients are), each replica's loss must give the
     weighted mean over the global batch: per-example losses summed and divided by the
-    GLOBAL batch, not averaged per replica."""
+    GLOBAL batch, not averaged per replica.
+
+    ``replicas``: the strategy the loop runs on (the answer is called as the loop calls
+    it, inside ``strategy.run`` on every replica, where ``tf.nn.compute_average_loss``
+    finds the replicas itself), or a number of replicas (called on each replica's rows
+    outside any strategy)."""
     import tensorflow as tf
 
+    strategy = None if isinstance(replicas, int) else replicas
+    if strategy is not None:
+        replicas = strategy.num_replicas_in_sync
     rows = global_batch // replicas
     rng = np.random.default_rng(0)
     per_example = rng.uniform(0.1, 3.0, size=(replicas, rows)).astype(np.float32)
     per_example[-1, -1] = 0.0  # a weight-0 filler row: its loss arrives multiplied by 0
     expected = per_example.sum() / global_batch
     try:
-        parts = [float(replica_loss(tf.constant(p), global_batch)) for p in per_example]
+        if strategy is None:
+            parts = [float(replica_loss(tf.constant(p), global_batch)) for p in per_example]
+        else:
+            parts = _on_every_replica(strategy, replica_loss, per_example, global_batch)
     except Exception as err:  # noqa: BLE001  (the learner's code: say where it failed)
         _fail(exercise, f"replica_loss(per_example, global_batch) raised {err!r}.")
     total = sum(parts)
@@ -346,6 +357,22 @@ def check_replica_loss(
             " global_batch.",
         )
     _ok(exercise, f"the replicas' losses add up to the global mean ({expected:.4f})")
+
+
+def _on_every_replica(strategy, replica_loss, per_example, global_batch) -> list[float]:
+    """``replica_loss`` run by ``strategy.run`` on every replica, replica ``i`` given row
+    ``i`` of ``per_example``: each replica's value."""
+    import tensorflow as tf
+
+    values = strategy.experimental_distribute_values_from_function(
+        lambda context: tf.constant(per_example[context.replica_id_in_sync_group])
+    )
+
+    @tf.function
+    def run(values):
+        return strategy.run(lambda p: replica_loss(p, global_batch), args=(values,))
+
+    return [float(x) for x in strategy.experimental_local_results(run(values))]
 
 
 # --- 03 ---------------------------------------------------------------------------------
