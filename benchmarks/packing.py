@@ -148,7 +148,8 @@ def rates(tokenized, tokenizer, boundaries, widths, repeats):
     types = tokenized["token_type_ids"] if "token_type_ids" in tokenized.column_names else None
     ids, labels = list(tokenized["input_ids"]), list(tokenized["label"])
     bucketed_step, packed_step = steps(build_model(len(tokenizer)))
-    bucketed = list(text.make_text_dataset(tokenized, 32, boundaries, seed=0))
+    bucketed = text.text_batches(tokenized, global_batch=32, boundaries=boundaries, seed=0)
+    bucketed = list(bucketed.dataset())
     seconds = time_pass(bucketed_step, bucketed, repeats)
     out = {"bucketed": real / seconds}
     print("\n| training, XLA on one device | steps | seconds per pass | real tokens/s |")
@@ -158,10 +159,18 @@ def rates(tokenized, tokenizer, boundaries, widths, repeats):
     )
     for width in widths:
         batch = TOKENS_PER_BATCH // width
-        ds, n = packing.packed_dataset(
-            ids, labels, width, batch, max_per_row=16, seed=0, token_type_ids=types
+        packed = packing.packed_batches(
+            ids,
+            labels,
+            width=width,
+            global_batch=batch,
+            epochs=1,
+            max_per_row=16,
+            seed=0,
+            token_type_ids=types,
         )
-        seconds = time_pass(packed_step, list(ds), repeats)
+        n = packed.steps_per_epoch
+        seconds = time_pass(packed_step, list(packed.dataset()), repeats)
         out[width] = real / seconds
         print(f"| packed, width {width}, {batch} rows | {n} | {seconds:.2f} | {out[width]:,.0f} |")
     for width in widths:

@@ -32,13 +32,23 @@ BATCH = 32
 def configurations(split, max_length=128):
     lengths = split["length"]
     return {
-        "(a) longest in batch": lambda: text.longest_padded_dataset(split, BATCH, seed=0),
-        "(b) fixed 128": lambda: text.make_text_dataset(split, BATCH, [max_length], seed=0),
-        "(c) multiple of 32": lambda: text.make_text_dataset(
-            split, BATCH, text.padding_boundaries(lengths, "multiple", max_length), seed=0
+        "(a) longest in batch": lambda: text.longest_padded_batches(
+            split, global_batch=BATCH, seed=0
         ),
-        "(d) data-chosen buckets": lambda: text.make_text_dataset(
-            split, BATCH, text.padding_boundaries(lengths, "buckets", max_length), seed=0
+        "(b) fixed 128": lambda: text.text_batches(
+            split, global_batch=BATCH, boundaries=[max_length], seed=0
+        ),
+        "(c) multiple of 32": lambda: text.text_batches(
+            split,
+            global_batch=BATCH,
+            boundaries=text.padding_boundaries(lengths, "multiple", max_length),
+            seed=0,
+        ),
+        "(d) data-chosen buckets": lambda: text.text_batches(
+            split,
+            global_batch=BATCH,
+            boundaries=text.padding_boundaries(lengths, "buckets", max_length),
+            seed=0,
         ),
     }
 

@@ -16,6 +16,7 @@ from tpu_helpers import (
     mlm,
     observe,
     packing,
+    pipeline,
     records,
     report,
     storage,
@@ -71,35 +72,42 @@ def _compiled():
     return model
 
 
+def _plan(steps_per_epoch=4, global_batch=8):
+    """A ``pipeline.Batches`` that is never read: the calls refuse before any step."""
+    return pipeline.from_dataset_fn(
+        lambda epoch, skip: None, steps_per_epoch=steps_per_epoch, global_batch=global_batch
+    )
+
+
 # (id, call, error type, what the message must say)
 CASES = [
     (
         "image names without a folder, one missing",
-        lambda tmp: images.image_dataset(["a.jpg", "nope.jpg"], [0, 1], SPEC, 1),
+        lambda tmp: images.image_batches(["a.jpg", "nope.jpg"], [0, 1], SPEC, global_batch=1),
         FileNotFoundError,
         r"1 of 2 image files do not exist, e.g. \['nope.jpg'\].*Fix",
     ),
     (
-        "a PNG named .jpg among JPEGs",
-        lambda tmp: list(images.image_dataset(["a.jpg", "png.jpg"], [0, 1], SPEC, 2)),
-        tf.errors.InvalidArgumentError,
-        r"(?s)Not a complete JPEG image.*png.jpg.*rename",
+        "image batch of True",
+        lambda tmp: images.image_batches(["a.jpg"], [0], SPEC, global_batch=True),
+        ValueError,
+        r"global_batch=True must be a positive integer. Fix",
     ),
     (
-        "image batch of True",
-        lambda tmp: images.image_dataset(["a.jpg"], [0], SPEC, True),
-        ValueError,
-        r"batch_size=True must be a positive integer. Fix",
+        "image batch as the 4th positional argument",
+        lambda tmp: images.image_batches(["a.jpg"], [0], SPEC, 1),
+        TypeError,
+        r"takes 3 positional arguments",
     ),
     (
         "image labels fewer than paths",
-        lambda tmp: images.image_dataset(["a.jpg", "b.jpg"], [0], SPEC, 1),
+        lambda tmp: images.image_batches(["a.jpg", "b.jpg"], [0], SPEC, global_batch=1),
         ValueError,
         r"2 paths but 1 labels",
     ),
     (
         "image label None",
-        lambda tmp: images.image_dataset(["a.jpg", "b.jpg"], [0, None], SPEC, 1),
+        lambda tmp: images.image_batches(["a.jpg", "b.jpg"], [0, None], SPEC, global_batch=1),
         ValueError,
         r"'labels' has a missing value \(None\) at row 1.*Fix",
     ),
@@ -127,27 +135,51 @@ CASES = [
     ),
     (
         "records batch of 0",
-        lambda tmp: records.read_records([str(tmp / "x")], 0),
+        lambda tmp: records.read_records([str(tmp / "x")], global_batch=0),
         ValueError,
-        r"batch_size=0 must be a positive integer",
+        r"global_batch=0 must be a positive integer",
     ),
     (
         "custom loop with 0 steps an epoch",
-        lambda tmp: _tiny_loop().fit(lambda e, s: None, 0, 1),
+        lambda tmp: _tiny_loop().fit(_plan(steps_per_epoch=0), 1),
         ValueError,
         r"steps_per_epoch=0 must be a positive integer. Fix",
     ),
     (
+        "custom loop on a dataset function",
+        lambda tmp: _tiny_loop().fit(lambda e, s: None, 1),
+        TypeError,
+        r"CustomLoop.fit takes a pipeline.Batches, not function.*pipeline.from_dataset_fn",
+    ),
+    (
+        "custom loop on batches of another global batch",
+        lambda tmp: _tiny_loop().fit(_plan(global_batch=16), 1),
+        ValueError,
+        r"16 rows per step, the loop divides the loss by global_batch=8.*Fix",
+    ),
+    (
         "custom loop checkpointing every 0 steps",
-        lambda tmp: _tiny_loop().fit(lambda e, s: None, 4, 1, checkpoint_every=0),
+        lambda tmp: _tiny_loop().fit(_plan(), 1, checkpoint_every=0),
         ValueError,
         r"checkpoint_every=0 must be a positive integer",
     ),
     (
         "resumable fit for 2.5 epochs",
-        lambda tmp: checkpoints.fit_resumable(_compiled(), lambda e, s: None, 4, 2.5, str(tmp)),
+        lambda tmp: checkpoints.fit_resumable(_compiled(), _plan(), 2.5, str(tmp)),
         ValueError,
         r"epochs=2.5 must be a positive integer",
+    ),
+    (
+        "resumable fit on a dataset function",
+        lambda tmp: checkpoints.fit_resumable(_compiled(), lambda e, s: None, 2, str(tmp)),
+        TypeError,
+        r"fit_resumable takes a pipeline.Batches, not function.*pipeline.from_dataset_fn",
+    ),
+    (
+        "resumable fit on a dataset",
+        lambda tmp: checkpoints.fit_resumable(_compiled(), tf.data.Dataset.range(3), 2, str(tmp)),
+        TypeError,
+        r"fit_resumable takes a pipeline.Batches.*pipeline.from_dataset_fn",
     ),
     (
         "max_length of 0",
@@ -205,31 +237,39 @@ CASES = [
     ),
     (
         "packing: fewer labels than examples",
-        lambda tmp: packing.packed_dataset([[1, 2], [3]], [0], 16, 2),
+        lambda tmp: packing.packed_batches([[1, 2], [3]], [0], width=16, global_batch=2, epochs=1),
         ValueError,
         r"input_ids has 2 rows but labels has 1. Fix",
     ),
     (
         "packing: a test split's -1 label",
-        lambda tmp: packing.packed_dataset([[1, 2], [3]], [0, -1], 16, 2),
+        lambda tmp: packing.packed_batches(
+            [[1, 2], [3]], [0, -1], width=16, global_batch=2, epochs=1
+        ),
         ValueError,
         r"label -1 at row 1.*labelled split",
     ),
     (
         "packing: a label of 2 for a 2-label model",
-        lambda tmp: packing.packed_dataset([[1, 2], [3]], [0, 2], 16, 2, num_labels=2),
+        lambda tmp: packing.packed_batches(
+            [[1, 2], [3]], [0, 2], width=16, global_batch=2, epochs=1, num_labels=2
+        ),
         ValueError,
         r"label 2 at row 1, outside \[0, 2\). Fix: num_labels=3",
     ),
     (
         "packing: a batch of 0 rows",
-        lambda tmp: packing.packed_dataset([[1, 2], [3]], [0, 1], 16, 0),
+        lambda tmp: packing.packed_batches(
+            [[1, 2], [3]], [0, 1], width=16, global_batch=0, epochs=1
+        ),
         ValueError,
-        r"batch_size=0 must be a positive integer",
+        r"global_batch=0 must be a positive integer",
     ),
     (
         "packing: token types of another tokenization",
-        lambda tmp: packing.packed_dataset([[1, 2], [3]], [0, 1], 16, 2, token_type_ids=[[0], [0]]),
+        lambda tmp: packing.packed_batches(
+            [[1, 2], [3]], [0, 1], width=16, global_batch=2, epochs=1, token_type_ids=[[0], [0]]
+        ),
         ValueError,
         r"Example \d has \d input_ids but \d token_type_ids. Fix",
     ),
@@ -289,9 +329,15 @@ CASES = [
     ),
     (
         "observe: an input check of 0 steps",
-        lambda tmp: observe.input_bound_check(_compiled(), tf.data.Dataset.range(3), steps=0),
+        lambda tmp: observe.input_bound_check(_compiled(), _plan(), steps=0),
         ValueError,
         r"steps=0 must be a positive integer",
+    ),
+    (
+        "observe: an input check of a dataset",
+        lambda tmp: observe.input_bound_check(_compiled(), tf.data.Dataset.range(3)),
+        TypeError,
+        r"input_bound_check takes a pipeline.Batches, not .*Dataset.*from_dataset_fn",
     ),
     (
         "observe: a profile of 0 steps",
@@ -385,13 +431,13 @@ CASES = [
     ),
     (
         "checkpoints: saves every -1 minutes",
-        lambda tmp: checkpoints.fit_resumable(_compiled(), None, 4, 2, str(tmp), every_minutes=-1),
+        lambda tmp: checkpoints.fit_resumable(_compiled(), _plan(), 2, str(tmp), every_minutes=-1),
         ValueError,
         r"every_minutes=-1 must be a number of minutes. Fix",
     ),
     (
         "checkpoints: no checkpoint folder",
-        lambda tmp: checkpoints.fit_resumable(_compiled(), None, 4, 2, None),
+        lambda tmp: checkpoints.fit_resumable(_compiled(), _plan(), 2, None),
         TypeError,
         r"checkpoint_dir=None must be a folder path.*Fix",
     ),
@@ -404,14 +450,16 @@ def test_a_bad_input_is_refused_naming_the_value_and_the_fix(folder, call, error
         call(folder)
 
 
-def test_folders_and_misnamed_files_are_skipped_and_counted(folder, capsys):
-    """A glob that caught .ipynb_checkpoints, and a PNG named .jpg, with on_error='skip'."""
+def test_folders_are_skipped_and_counted_and_misnamed_files_kept(folder, capsys):
+    """A glob that caught .ipynb_checkpoints, and a PNG named .jpg, with on_error='skip':
+    the folder is skipped; the PNG is an image (read by its content, as on_error='raise'
+    reads it)."""
     paths = ["a.jpg", ".ipynb_checkpoints", "png.jpg", "b.jpg"]
-    ds = images.image_dataset(paths, [0, 1, 0, 1], SPEC, 2, on_error="skip")
-    assert sum(float(w.numpy().sum()) for _, _, w in ds) == 2
+    batches = images.image_batches(paths, [0, 1, 0, 1], SPEC, global_batch=2, on_error="skip")
+    assert sum(float(w.numpy().sum()) for _, _, w in batches.dataset()) == 3
     said = capsys.readouterr().out
-    assert "skipped 2 of 4 files" in said and "cannot be read" in said
-    assert "png.jpg: not a JPEG, although named as one" in said
+    assert "skipped 1 of 4 files" in said and "cannot be read" in said
+    assert "png.jpg" not in said
 
 
 def test_a_single_remote_file_is_copied_to_the_local_disk():
@@ -422,3 +470,13 @@ def test_a_single_remote_file_is_copied_to_the_local_disk():
     local = local_copy("ram://bad-inputs/vocab.txt")
     with open(local) as f:
         assert f.read() == "[PAD]\n[UNK]\n"
+
+
+def test_a_png_named_jpg_among_jpegs_is_decoded(folder):
+    """Once refused (``Not a complete JPEG image ... rename``): now decoded as the PNG it
+    is, while the JPEGs keep their reduced decode."""
+    batches = images.image_batches(["a.jpg", "png.jpg"], [0, 1], SPEC, global_batch=2)
+    (features, labels, weights), *more = list(batches.dataset())
+    pixels = images.pixels_of(features["pixel_values"].numpy(), SPEC)
+    assert not more and labels.numpy().tolist() == [0, 1] and weights.numpy().tolist() == [1, 1]
+    assert np.abs(pixels[1] - 90).max() < 1  # the PNG's flat gray, decoded

@@ -227,11 +227,10 @@ def test_the_resume_pieces_of_a_plain_fit_loop(tmp_path):
     where to go on, ``callback`` saves (step 0, every N steps, each epoch's end) and keeps
     the history of every process."""
     import numpy as np
+    import tensorflow as tf
 
     from tpu_helpers.checkpoints import RunCheckpoints
     from tpu_helpers.pipeline import from_arrays
-
-    import tensorflow as tf
 
     def named():  # takes the pipeline's feature dict
         x = tf.keras.Input((4,), name="x")

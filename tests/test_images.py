@@ -74,11 +74,12 @@ def test_rebase_paths_keeps_class_folder_and_file():
 
 def test_pixels_match_the_hugging_face_processor(bucket):
     paths, labels, png = bucket
-    ds = images.image_dataset(paths + [png], labels + [0], SPEC, 7)
-    features, got_labels, weights = next(iter(ds))
+    batches = images.image_batches(paths + [png], labels + [0], SPEC, global_batch=7)
+    features, got_labels, weights = next(iter(batches.dataset()))
     pixels = features["pixel_values"].numpy()
     assert pixels.shape == (7, 3, 32, 32) and pixels.dtype == np.float32
     assert got_labels.numpy().tolist() == labels + [0]
+    assert weights.numpy().tolist() == [1.0] * 7
     for i, path in enumerate(paths + [png]):
         expected = _processor_pixels(path)
         assert np.abs(pixels[i] - expected).mean() < 0.03, path
@@ -94,9 +95,9 @@ def test_each_jpeg_is_decoded_as_far_down_as_leaves_twice_the_target():
 
 def test_evaluation_batches_score_every_image_once(bucket):
     paths, labels, _ = bucket
-    ds = images.image_dataset(paths, labels, SPEC, 4)
-    batches = list(ds)
-    assert len(batches) == ds.steps == 2
+    plan = images.image_batches(paths, labels, SPEC, global_batch=4)
+    batches = list(plan.dataset())
+    assert len(batches) == plan.steps_per_epoch == 2 and plan.examples == 6
     weights = np.concatenate([w.numpy() for _, _, w in batches])
     assert weights.tolist() == [1] * 6 + [0] * 2
 
@@ -104,29 +105,31 @@ def test_evaluation_batches_score_every_image_once(bucket):
 def test_fewer_images_than_a_batch_evaluate_in_one_and_do_not_train(bucket):
     """Eight replicas of 8 make a global batch of 64, more than a small validation split."""
     paths, labels, _ = bucket
-    ds = images.image_dataset(paths, labels, SPEC, 16)
-    (_, got, weights), *more = list(ds)
-    assert ds.steps == 1 and not more and weights.shape == (16,)
+    plan = images.image_batches(paths, labels, SPEC, global_batch=16)
+    (_, got, weights), *more = list(plan.dataset())
+    assert plan.steps_per_epoch == 1 and not more and weights.shape == (16,)
     assert weights.numpy().tolist() == [1] * 6 + [0] * 10
     assert got.numpy()[:6].tolist() == labels
     with pytest.raises(ValueError, match="6 images make no full training batch of 16"):
-        images.image_dataset(paths, labels, SPEC, 16, training=True)
+        images.image_batches(paths, labels, SPEC, global_batch=16, training=True)
 
 
 def test_training_augments_differently_each_epoch_and_repeats_per_seed(bucket):
     paths, labels, _ = bucket
 
     def epochs(seed):
-        ds = images.image_dataset(paths, labels, SPEC, 6, training=True, seed=seed)
-        return [next(iter(ds)) for _ in range(2)]
+        batches = images.image_batches(
+            paths, labels, SPEC, global_batch=6, training=True, seed=seed
+        )
+        return [next(iter(batches.dataset(epoch))) for epoch in range(2)]
 
-    (a1, la1), (a2, la2) = epochs(3)
-    (b1, _), _ = epochs(3)
+    (a1, la1, wa1), (a2, la2, _) = epochs(3)
+    (b1, _, _), _ = epochs(3)
     first, second = a1["pixel_values"].numpy(), a2["pixel_values"].numpy()
     np.testing.assert_array_equal(first, b1["pixel_values"].numpy())
     assert not np.array_equal(first, second)
     assert sorted(la1.numpy().tolist()) == sorted(labels)
-    assert first.shape == (6, 3, 32, 32)
+    assert first.shape == (6, 3, 32, 32) and wa1.numpy().tolist() == [1.0] * 6
 
 
 @pytest.mark.parametrize("cache", [False, True], ids=["streamed", "cached"])
@@ -134,26 +137,33 @@ def test_an_epoch_resumed_mid_way_gets_the_batches_of_the_uninterrupted_one(buck
     paths, labels, _ = bucket
     paths, labels = paths * 2, labels * 2  # 12 images: 6 batches of 2
 
+    plan = images.image_batches(
+        paths, labels, SPEC, global_batch=2, training=True, seed=1, cache=cache
+    )
+    assert plan.steps_per_epoch == 6
+
     def batches(epoch, skip=0):
-        ds = images.image_dataset(
-            paths, labels, SPEC, 2, training=True, seed=1, cache=cache, epoch=epoch, skip_steps=skip
-        )
-        assert ds.steps == 6 - skip
-        return [(f["pixel_values"].numpy(), y.numpy()) for f, y in ds]
+        return [
+            (f["pixel_values"].numpy(), y.numpy())
+            for f, y, _ in plan.dataset(epoch, skip_steps=skip)
+        ]
 
     whole, resumed = batches(1), batches(1, skip=4)
-    assert len(resumed) == 2
+    assert len(whole) == 6 and len(resumed) == 2
     for (a, ya), (b, yb) in zip(whole[4:], resumed, strict=True):
         np.testing.assert_array_equal(a, b)  # same images, same crops and flips
         assert ya.tolist() == yb.tolist()
     other = batches(2)
     assert not all(np.array_equal(a, b) for (a, _), (b, _) in zip(whole, other, strict=True))
-    # a second pass over one dataset reshuffles, from the cache too
-    ds = images.image_dataset(paths, labels, SPEC, 12, training=True, seed=1, cache=cache)
-    first, second = ([y.numpy().tolist() for _, y in ds] for _ in range(2))
-    assert first != second
-    with pytest.raises(ValueError, match="skip_steps=6: an epoch has 6 batches"):
-        images.image_dataset(paths, labels, SPEC, 2, training=True, skip_steps=6)
+    # each epoch has an order of its own, from the cache too (epochs are no longer passes
+    # over one dataset: the same epoch read twice gives the same batches)
+    one = images.image_batches(
+        paths, labels, SPEC, global_batch=12, training=True, seed=1, cache=cache
+    )
+    first, second, again = ([y.numpy().tolist() for _, y, _ in one.dataset(e)] for e in (0, 1, 0))
+    assert first != second and first == again
+    with pytest.raises(ValueError, match="skip_steps=6: an epoch of .* has 6 steps of 2 rows"):
+        plan.dataset(0, skip_steps=6)
 
 
 def _broken_files():
@@ -175,25 +185,27 @@ def _broken_files():
 def test_a_broken_file_is_named(name):
     _broken_files()
     path = f"ram://images-bad/{name}"
-    ds = images.image_dataset(["ram://images-bad/good.jpg", path], [0, 1], SPEC, 2)
+    batches = images.image_batches(
+        ["ram://images-bad/good.jpg", path], [0, 1], SPEC, global_batch=2
+    )
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"{name}.*on_error="):
-        list(ds)
+        list(batches.dataset())
 
 
 def test_missing_files_are_named_before_reading():
     _broken_files()
     paths = ["ram://images-bad/good.jpg", "ram://images-bad/missing.jpg", "ram://nowhere/x.jpg"]
     with pytest.raises(FileNotFoundError, match="2 of 3 image files.*missing.jpg.*nowhere"):
-        images.image_dataset(paths, [0, 1, 2], SPEC, 1)
+        images.image_batches(paths, [0, 1, 2], SPEC, global_batch=1)
 
 
 def test_bad_files_can_be_skipped_and_are_counted(capsys):
     bad = _broken_files()
     paths = ["ram://images-bad/good.jpg"] * 3 + bad + ["ram://images-bad/missing.jpg"]
-    ds = images.image_dataset(paths, [0] * len(paths), SPEC, 3, on_error="skip")
+    batches = images.image_batches(paths, [0] * len(paths), SPEC, global_batch=3, on_error="skip")
     out = capsys.readouterr().out
     assert "skipped 3 of 6 files" in out and "truncated JPEG" in out and "missing" in out
-    assert sum(int(w.numpy().sum()) for _, _, w in ds) == 3
+    assert sum(int(w.numpy().sum()) for _, _, w in batches.dataset()) == 3
 
 
 def test_problems_found_in_bytes():
@@ -211,11 +223,11 @@ def test_problems_found_in_bytes():
 def test_labels_are_checked_against_the_classes_and_the_model():
     from types import SimpleNamespace
 
-    images.check_labels([0, 1, 2], ["a", "b", "c"], SimpleNamespace(num_labels=3))
+    images.check_classes([0, 1, 2], ["a", "b", "c"], SimpleNamespace(num_labels=3))
     with pytest.raises(ValueError, match=r"label 3 at row 1, outside \[0, 3\).*'a', 'b'"):
-        images.check_labels([0, 3], ["a", "b", "c"])
+        images.check_classes([0, 3], ["a", "b", "c"])
     with pytest.raises(ValueError, match="10 output labels, the data 3 classes.*num_labels=3"):
-        images.check_labels([0, 1], ["a", "b", "c"], SimpleNamespace(num_labels=10))
+        images.check_classes([0, 1], ["a", "b", "c"], SimpleNamespace(num_labels=10))
 
 
 @pytest.mark.parametrize(
@@ -232,26 +244,118 @@ def test_the_image_pipeline_refuses_labels_the_model_cannot_train_on(
     """A label beyond the model's outputs trains to a NaN loss under XLA, silently."""
     paths, _, _ = bucket
     with pytest.raises(ValueError, match=message):
-        images.image_dataset(paths, labels, SPEC, 2, training=True, num_labels=num_labels)
+        images.image_batches(
+            paths, labels, SPEC, global_batch=2, training=True, num_labels=num_labels
+        )
 
 
 def test_images_round_trip_through_tfrecords(bucket):
     paths, labels, _ = bucket
     meta = images.write_image_records(paths, labels, "ram://images-records", shard_records=4)
     assert meta["num_records"] == 6 and len(meta["shards"]) == 2
-    ds = images.image_records_dataset("ram://images-records", SPEC, 3)
-    got = [(f["pixel_values"].numpy(), y.numpy()) for f, y in ds]
-    assert ds.steps == 2 and len(got) == 2
+    batches = images.image_record_batches("ram://images-records", SPEC, global_batch=3)
+    got = [(f["pixel_values"].numpy(), y.numpy()) for f, y, _ in batches.dataset()]
+    assert batches.steps_per_epoch == 2 and len(got) == 2
     pixels = np.concatenate([p for p, _ in got])
     order = np.concatenate([y for _, y in got]).tolist()
     assert order == labels
     for i, path in enumerate(paths):
         assert np.abs(pixels[i] - _processor_pixels(path)).mean() < 0.03
-    training = images.image_records_dataset("ram://images-records", SPEC, 3, training=True)
-    shuffled = [(f["pixel_values"].numpy(), y.numpy()) for f, y in training]
+    training = images.image_record_batches(
+        "ram://images-records", SPEC, global_batch=3, training=True
+    )
+    shuffled = [(f["pixel_values"].numpy(), y.numpy()) for f, y, _ in training.dataset()]
     assert [p.shape for p, _ in shuffled] == [(3, 3, 32, 32)] * 2
     assert sorted(np.concatenate([y for _, y in shuffled]).tolist()) == sorted(labels)
     assert not np.allclose(np.concatenate([p for p, _ in shuffled]), pixels)  # augmented
+
+
+def _plan(kind, paths, labels, global_batch, seed=4):
+    """The training ``Batches`` of ``paths`` from files (streamed or cached) or records."""
+    if kind == "records":
+        folder = f"ram://images-resume-{len(paths)}"
+        images.write_image_records(paths, labels, folder, shard_records=4)
+        return images.image_record_batches(
+            folder, SPEC, global_batch=global_batch, training=True, seed=seed
+        )
+    return images.image_batches(
+        paths,
+        labels,
+        SPEC,
+        global_batch=global_batch,
+        training=True,
+        seed=seed,
+        cache=kind == "cached files",
+    )
+
+
+@pytest.mark.parametrize("kind", ["files", "cached files", "records"])
+def test_a_resumed_training_epoch_is_the_tail_of_the_whole_one(bucket, kind):
+    """11 images in batches of 3: 4 steps, the last completed with one weight-0 copy."""
+    paths, labels, _ = bucket
+    paths, labels = (paths * 2)[:11], (labels * 2)[:11]
+    plan = _plan(kind, paths, labels, 3)
+    assert plan.steps_per_epoch == 4 and plan.global_batch == 3 and plan.examples == 11
+
+    def read(epoch, skip=0):
+        return [
+            (f["pixel_values"].numpy(), y.numpy(), w.numpy())
+            for f, y, w in plan.dataset(epoch, skip_steps=skip)
+        ]
+
+    for epoch in (0, 1):
+        whole = read(epoch)
+        assert len(whole) == len(list(plan.dataset(epoch))) == plan.steps_per_epoch
+        weights = np.concatenate([w for _, _, w in whole])
+        assert weights.sum() == len(paths) and sorted(set(weights.tolist())) == [0.0, 1.0]
+        real = np.concatenate([y for _, y, _ in whole])[weights > 0]
+        assert sorted(real.tolist()) == sorted(labels)  # every image once with weight 1
+        for skip in (1, 2, 3):
+            resumed = read(epoch, skip)
+            assert len(resumed) == plan.steps_per_epoch - skip
+            for (a, ya, wa), (b, yb, wb) in zip(whole[skip:], resumed, strict=True):
+                np.testing.assert_array_equal(a, b)  # same images, crops and flips
+                assert ya.tolist() == yb.tolist() and wa.tolist() == wb.tolist()
+    assert not np.array_equal(read(0)[0][0], read(1)[0][0])  # epochs differ
+
+
+def test_a_png_named_jpg_and_a_one_pixel_image_train(bucket):
+    """Among JPEGs (reduced decode), a PNG named .jpg is decoded (no longer refused) and a
+    1x1 image is cropped to at least one pixel (no longer an empty crop)."""
+    paths, labels, png = bucket
+    tf.io.gfile.makedirs("ram://images-odd")
+    misnamed, dot = "ram://images-odd/png-inside.jpg", "ram://images-odd/dot.jpg"
+    with tf.io.gfile.GFile(png, "rb") as f, tf.io.gfile.GFile(misnamed, "wb") as out:
+        out.write(f.read())
+    with tf.io.gfile.GFile(dot, "wb") as f:
+        f.write(_bytes(np.full((1, 1, 3), 200, np.uint8)))
+    files, classes = [*paths, misnamed, dot], [*labels, 0, 1]
+    plan = images.image_batches(files, classes, SPEC, global_batch=3, training=True, seed=2)
+    for epoch in (0, 1):
+        got = list(plan.dataset(epoch))
+        assert len(got) == plan.steps_per_epoch == 3
+        pixels = np.concatenate([f["pixel_values"].numpy() for f, _, _ in got])
+        assert pixels.shape == (9, 3, 32, 32) and np.isfinite(pixels).all()
+        assert sum(float(w.numpy().sum()) for _, _, w in got) == len(files)
+    # in evaluation, the misnamed PNG is the processor's picture
+    features, _, _ = next(
+        iter(images.image_batches([misnamed], [0], SPEC, global_batch=1).dataset())
+    )
+    assert np.abs(features["pixel_values"].numpy()[0] - _processor_pixels(png)).mean() < 0.03
+
+
+def test_fewer_image_records_than_a_training_batch_are_refused(bucket):
+    paths, labels, _ = bucket
+    images.write_image_records(paths, labels, "ram://images-few", shard_records=4)
+    with pytest.raises(
+        ValueError, match=r"holds 6 image record\(s\), which make no full training batch of 8.*Fix"
+    ):
+        images.image_record_batches("ram://images-few", SPEC, global_batch=8, training=True)
+    # evaluation completes the one batch with weight-0 copies instead
+    plan = images.image_record_batches("ram://images-few", SPEC, global_batch=8)
+    (_, got, weights), *more = list(plan.dataset())
+    assert plan.steps_per_epoch == 1 and not more
+    assert weights.numpy().tolist() == [1] * 6 + [0] * 2 and got.numpy()[:6].tolist() == labels
 
 
 # --- sizes, read from the header before decoding ------------------------------------------
@@ -290,13 +394,15 @@ def test_an_image_over_the_pixel_limit_is_refused_before_decoding(name, data):
     tf.io.gfile.makedirs("ram://images-big")
     with tf.io.gfile.GFile(path, "wb") as f:
         f.write(data)
-    ds = images.image_dataset([path], [0], SPEC, 1, reduced_decode=name.endswith(".jpg"))
+    batches = images.image_batches(
+        [path], [0], SPEC, global_batch=1, reduced_decode=name.endswith(".jpg")
+    )
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"{name}.*over 89,478,485 pixels"):
-        list(ds)
+        list(batches.dataset())
     _broken_files()
     good = "ram://images-bad/good.jpg"
-    skipped = images.image_dataset([good, path], [0, 0], SPEC, 1, on_error="skip")
-    assert sum(float(w.numpy().sum()) for _, _, w in skipped) == 1
+    skipped = images.image_batches([good, path], [0, 0], SPEC, global_batch=1, on_error="skip")
+    assert sum(float(w.numpy().sum()) for _, _, w in skipped.dataset()) == 1
 
 
 def _texture(rng, size):
@@ -322,8 +428,8 @@ def test_mixed_image_sizes_each_come_out_as_the_processor_makes_them():
             f.write(_bytes(_texture(rng, size)))
         paths.append(path)
     spec = images.ImageSpec(64, 64, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-    ds = images.image_dataset(paths, [0] * 6, spec, 6)
-    ours = images.pixels_of(next(iter(ds))[0]["pixel_values"].numpy(), spec)
+    batches = images.image_batches(paths, [0] * 6, spec, global_batch=6)
+    ours = images.pixels_of(next(iter(batches.dataset()))[0]["pixel_values"].numpy(), spec)
     theirs = images.pixels_of(np.stack([_processor_pixels(p, 64) for p in paths]), spec)
     distance = np.abs(ours - theirs).mean(axis=(1, 2, 3))
     assert (distance < 1.5).all(), distance.round(2)
@@ -425,7 +531,8 @@ def test_the_pipeline_matches_the_processor_for_jpegs_and_pngs(name):
                 f.write(data)
             paths.append(path)
             expected.append(_as_pixels(_reference(processor, data), spec))
-        features, _, _ = next(iter(images.image_dataset(paths, [0, 1, 2], spec, 3)))
+        batches = images.image_batches(paths, [0, 1, 2], spec, global_batch=3)
+        features, _, _ = next(iter(batches.dataset()))
         got = [_as_pixels(x, spec) for x in features["pixel_values"].numpy()]
         for path, a, b in zip(paths, got, expected, strict=True):
             assert np.abs(a - b).mean() < tolerance, path

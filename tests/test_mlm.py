@@ -112,17 +112,75 @@ def test_random_replacements_reach_every_id_of_a_large_vocabulary():
 
 
 def test_the_same_step_gets_the_same_mask_and_epochs_differ(tokenizer, corpus):
+    from tpu_helpers import pipeline
+
     ids = _batch(tokenizer, corpus, rows=64, width=32)
-    run = list(mlm.masked_dataset(ids, 8, tokenizer, seed=5, epoch=0))
-    again = list(mlm.masked_dataset(ids, 8, tokenizer, seed=5, epoch=0))
+    plan = mlm.masked_batches(ids, tokenizer, global_batch=8, seed=5)
+    assert plan.steps_per_epoch == 8 and plan.global_batch == 8
+    run = list(plan.dataset(0))
+    again = list(mlm.masked_batches(ids, tokenizer, global_batch=8, seed=5).dataset(0))
     # a run resumed at step 3 (skipping what was done) sees the masks of the uninterrupted one
-    resumed = list(mlm.masked_dataset(ids, 8, tokenizer, seed=5, epoch=0).skip(3))
-    next_epoch = list(mlm.masked_dataset(ids, 8, tokenizer, seed=5, epoch=1))
+    resumed = list(plan.dataset(0, skip_steps=3))
     for a, b in zip(run, again, strict=True):
         np.testing.assert_array_equal(a[0]["input_ids"], b[0]["input_ids"])
     np.testing.assert_array_equal(resumed[0][2], run[3][2])
-    assert any((a[2].numpy() != b[2].numpy()).any() for a, b in zip(run, next_epoch, strict=True))
     assert run[0][0]["input_ids"].shape == (8, 32) and run[0][2].dtype == tf.float32
+    # the same rows in both epochs (unshuffled blocks): the masks alone differ
+    rows = pipeline.from_arrays(
+        {"input_ids": ids}, np.zeros(len(ids), np.int32), global_batch=8, shuffle=False
+    )
+    fixed = mlm.masked_batches(rows, tokenizer, seed=5)
+    first, next_epoch = (list(fixed.dataset(e)) for e in (0, 1))
+    for a, b in zip(first, next_epoch, strict=True):
+        np.testing.assert_array_equal(a[1], b[1])  # the original ids: the same rows
+    assert any((a[2].numpy() != b[2].numpy()).any() for a, b in zip(first, next_epoch, strict=True))
+
+
+@pytest.fixture(scope="module")
+def record_blocks(tokenizer, corpus, tmp_path_factory):
+    """60 blocks of 32 ids as records (no labels), in shards of 16."""
+    from tpu_helpers import records
+
+    folder = tmp_path_factory.mktemp("blocks")
+    blocks = _batch(tokenizer, corpus, rows=60, width=32)
+    rows = [{"input_ids": b} for b in blocks]
+    records.write_records(rows, str(folder), shard_records=16, progress=False)
+    return blocks, str(folder)
+
+
+@pytest.mark.parametrize("kind", ["array", "records"])
+def test_a_resumed_masked_epoch_is_the_tail_of_the_whole_one(tokenizer, record_blocks, kind):
+    """60 blocks in batches of 8: 8 steps, the last completed with 4 rows of weight 0."""
+    from tpu_helpers import records
+
+    blocks, folder = record_blocks
+
+    def plan():
+        if kind == "array":
+            return mlm.masked_batches(blocks, tokenizer, global_batch=8, seed=7)
+        source = records.read_records(folder, global_batch=8, label_column=None, seed=7)
+        return mlm.masked_batches(source, tokenizer, seed=7)
+
+    whole_plan = plan()
+    assert whole_plan.steps_per_epoch == 8 and whole_plan.examples == 60
+    for epoch in (0, 1):
+        whole = [
+            (f["input_ids"].numpy(), y.numpy(), w.numpy()) for f, y, w in whole_plan.dataset(epoch)
+        ]
+        assert len(whole) == len(list(whole_plan.dataset(epoch))) == whole_plan.steps_per_epoch
+        labels = np.concatenate([y for _, y, _ in whole])
+        weights = np.concatenate([w for _, _, w in whole])
+        # every block once in the epoch's 60 first rows; the 4 copies after them count 0
+        assert sorted(map(tuple, labels[:60])) == sorted(map(tuple, blocks))
+        assert weights[60:].sum() == 0 and (weights[:60].sum(axis=1) > 0).mean() > 0.9
+        resumed_plan = plan()  # a new process, resumed
+        for skip in (1, 4, 7):
+            part = list(resumed_plan.dataset(epoch, skip_steps=skip))
+            assert len(part) == whole_plan.steps_per_epoch - skip
+            for (ids, y, w), (f, y2, w2) in zip(whole[skip:], part, strict=True):
+                np.testing.assert_array_equal(f["input_ids"], ids)  # the same masks
+                np.testing.assert_array_equal(y2, y)
+                np.testing.assert_array_equal(w2, w)
 
 
 def test_rows_that_complete_a_short_record_batch_are_not_trained_on(tokenizer, corpus, tmp_path):
@@ -130,11 +188,14 @@ def test_rows_that_complete_a_short_record_batch_are_not_trained_on(tokenizer, c
 
     blocks = _batch(tokenizer, corpus, rows=10, width=32)
     records.write_records([{"input_ids": b} for b in blocks], str(tmp_path), progress=False)
-    batches = records.read_records(str(tmp_path), 8, label_column=None, shuffle=False)
-    (_, _, first), (_, _, last) = list(mlm.mask_batches(batches, tokenizer, seed=1))
-    # 10 blocks in batches of 8: the second batch has 2 blocks and 6 copies weighted 0
-    assert (first.numpy().sum(axis=1) > 0).all()
-    assert (last.numpy()[:2].sum(axis=1) > 0).all() and last.numpy()[2:].sum() == 0
+    batches = records.read_records(str(tmp_path), global_batch=8, label_column=None, shuffle=False)
+    assert batches.steps_per_epoch == 2
+    low_level = mlm.mask_batches(batches.dataset(), tokenizer, seed=1)  # 3-tuples taken
+    for masked in (low_level, mlm.masked_batches(batches, tokenizer, seed=1).dataset()):
+        (_, _, first), (_, _, last) = list(masked)
+        # 10 blocks in batches of 8: the second batch has 2 blocks and 6 copies weighted 0
+        assert (first.numpy().sum(axis=1) > 0).all()
+        assert (last.numpy()[:2].sum(axis=1) > 0).all() and last.numpy()[2:].sum() == 0
 
 
 def test_a_tokenizer_without_a_mask_token_is_refused(tokenizer):
@@ -142,7 +203,7 @@ def test_a_tokenizer_without_a_mask_token_is_refused(tokenizer):
     gpt2_like = hub.load_tokenizer(str(tokenizer.name_or_path))
     gpt2_like.mask_token = None
     with pytest.raises(ValueError, match="has no mask token"):
-        mlm.masked_dataset(np.zeros((8, 16), np.int32), 4, gpt2_like)
+        mlm.masked_batches(np.zeros((8, 16), np.int32), gpt2_like, global_batch=4)
 
 
 def test_a_run_of_a_few_blocks_reads_only_the_leading_text_they_need():
@@ -220,7 +281,7 @@ def test_continued_pretraining_of_the_tiny_checkpoint_lowers_its_loss(
         ],
     )
     blocks = np.asarray(mlm.pack_blocks(corpus, tokenizer, 32)["input_ids"][:256], np.int32)
-    data = mlm.masked_dataset(blocks, 16, tokenizer, seed=0)
+    data = mlm.masked_batches(blocks, tokenizer, global_batch=16, seed=0).dataset(0)
     before = mlm.perplexity(model.evaluate(data, verbose=0, return_dict=True))
     model.fit(data, epochs=3, verbose=0)
     after = mlm.perplexity(model.evaluate(data, verbose=0, return_dict=True))

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import observe
+from tpu_helpers import observe, pipeline
 
 
 def _tiny_model(hidden=4, layers=0, lr=0.01):
-    inputs = tf.keras.Input([8])
+    inputs = tf.keras.Input([8], name="x")
     x = inputs
     for _ in range(layers):
         x = tf.keras.layers.Dense(hidden, activation="relu")(x)
@@ -27,6 +27,14 @@ def _xy(n=64, batch=16):
     x = rng.normal(size=(n, 8)).astype("float32")
     y = (x[:, 0] > 0).astype("int32")
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+
+
+def _batches(n=64, batch=16):
+    """``_xy``'s rows as a ``pipeline.Batches`` (in order): ``({"x"}, y, weights)``."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 8)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    return pipeline.from_arrays({"x": x}, y, global_batch=batch, shuffle=False)
 
 
 def test_fit_writes_loss_learning_rate_and_rates_per_epoch(tmp_path):
@@ -104,9 +112,12 @@ def _slow(x, y):
 
 
 def test_a_slow_map_is_found_input_bound():
-    ds = _xy(n=4096, batch=8).repeat().map(_slow)
-    ds = ds.map(lambda x, y: (tf.ensure_shape(x, [8, 8]), y))
-    report = observe.input_bound_check(_tiny_model(), ds, steps=15)
+    def slow_epoch(epoch, skip_steps):
+        ds = _xy(n=4096, batch=8).skip(skip_steps).map(_slow)
+        return ds.map(lambda x, y: ({"x": tf.ensure_shape(x, [8, 8])}, y, tf.ones([8])))
+
+    batches = pipeline.from_dataset_fn(slow_epoch, steps_per_epoch=512, global_batch=8)
+    report = observe.input_bound_check(_tiny_model(), batches, steps=15)
     assert report.verdict == "input-bound", str(report)
     assert report.input_per_second < 60 and report.step_per_second > 2 * report.input_per_second
     assert "records.write_records" in str(report) and "input-bound" in str(report)
@@ -114,10 +125,16 @@ def test_a_slow_map_is_found_input_bound():
 
 def test_a_heavy_model_on_fast_input_is_found_compute_bound():
     x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
-    ds = tf.data.Dataset.from_tensors((x, np.zeros(256, "int32"))).repeat()
+    batches = pipeline.from_dataset_fn(
+        lambda epoch, skip: tf.data.Dataset.from_tensors(
+            ({"x": x}, np.zeros(256, "int32"), np.ones(256, "float32"))
+        ),
+        steps_per_epoch=1,
+        global_batch=256,
+    )
     model = _tiny_model(hidden=1024, layers=3)
     before = [w.copy() for w in model.get_weights()]
-    report = observe.input_bound_check(model, ds, steps=10)
+    report = observe.input_bound_check(model, batches, steps=10)
     assert report.verdict == "compute-bound", str(report)
     assert report.input_per_second > 3 * report.step_per_second
     # the check trained, and put every weight back
@@ -153,32 +170,39 @@ def test_a_new_width_after_the_expected_ones_is_reported(tmp_path):
 
 def test_a_profile_of_a_few_steps_is_written(tmp_path):
     model = _tiny_model()
-    files = observe.capture_profile(str(tmp_path), observe.keras_step(model, _xy()), steps=3)
+    step = observe.keras_step(model, _batches())
+    files = observe.capture_profile(str(tmp_path), step, steps=3)
     assert any(f.endswith(".xplane.pb") for f in files), files
     assert all(tf.io.gfile.stat(f).length > 0 for f in files)
 
 
 def test_the_profiled_step_is_the_train_function_fit_traced():
     model = _tiny_model()
-    model.fit(_xy(), epochs=1, verbose=0)
+    batches = _batches()
+    model.fit(batches.dataset(), epochs=1, verbose=0)
     traced = model.train_function
     count = traced.experimental_get_tracing_count()
-    step = observe.keras_step(model, _xy())
+    step = observe.keras_step(model, batches)
     assert model.train_function is traced  # not a new function, traced again
     step()
     assert traced.experimental_get_tracing_count() == count  # same batches: no new trace
 
 
-def test_the_check_needs_a_compiled_model_and_an_undistributed_dataset():
+def test_the_check_needs_a_compiled_model_and_a_pipeline():
     model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
     with pytest.raises(ValueError, match="Compile the model first"):
-        observe.input_bound_check(model, _xy())
+        observe.input_bound_check(model, _batches())
     compiled = _tiny_model()
     distributed = tf.distribute.get_strategy().experimental_distribute_dataset(_xy())
-    if not isinstance(distributed, tf.data.Dataset):  # the default strategy may pass it through
-        with pytest.raises(TypeError, match="pass the dataset before distributing it"):
-            observe.input_bound_check(compiled, distributed)
-    with pytest.raises(TypeError, match="needs a tf.data.Dataset of global batches, not list"):
+    # a Batches only: a dataset, distributed or not, has neither epochs nor steps
+    for data in (distributed, _xy()):
+        with pytest.raises(
+            TypeError, match="input_bound_check takes a pipeline.Batches.*from_dataset_fn"
+        ):
+            observe.input_bound_check(compiled, data)
+        with pytest.raises(TypeError, match="keras_step takes a pipeline.Batches.*from_dataset_fn"):
+            observe.keras_step(compiled, data)
+    with pytest.raises(TypeError, match="takes a pipeline.Batches, not list"):
         observe.input_bound_check(compiled, [1, 2])
 
 
@@ -189,9 +213,12 @@ def test_the_custom_loop_writes_the_same_scalars(tmp_path):
     model = _tiny_model()
     optimizer = tf.keras.optimizers.SGD(tf.keras.optimizers.schedules.PolynomialDecay(0.1, 8, 0.0))
     data = _xy().map(lambda x, y: (x, y, tf.ones([16])))
+    batches = pipeline.from_dataset_fn(
+        lambda e, s: data.skip(s), steps_per_epoch=4, global_batch=16
+    )
     loop = CustomLoop(strategy, model, optimizer, 16)
     log = observe.TrainingLog(str(tmp_path), examples_per_epoch=64)
-    history = loop.fit(lambda e, s: data.skip(s), 4, epochs=2, log=lambda m: None, training_log=log)
+    history = loop.fit(batches, epochs=2, log=lambda m: None, training_log=log)
     train = log.scalars()
     np.testing.assert_allclose(
         [v for _, v in train["loss"]], [h["loss"] for h in history], rtol=1e-6
@@ -206,10 +233,14 @@ def test_the_watch_sees_the_widths_read_records_chooses(tmp_path):
     rows = [{"input_ids": [1] * (2 + i % 30), "label": i % 2} for i in range(200)]
     records.write_records(rows, str(tmp_path / "records"), shard_records=20, progress=False)
     watch = observe.CompileWatch(str(tmp_path / "logs"), expected=2)
-    ds = records.read_records(
-        str(tmp_path / "records"), 8, boundaries=[16, 32], seed=0, transform=watch.watch
+    batches = records.read_records(
+        str(tmp_path / "records"),
+        global_batch=8,
+        boundaries=[16, 32],
+        seed=0,
+        transform=watch.watch,
     )
-    assert len(list(ds)) == ds.steps
+    assert len(list(batches.dataset())) == batches.steps_per_epoch
     widths = sorted(
         int(re.search(r"input_ids=\[8 (\d+)\]", e["shapes"])[1]) for e in watch.events()
     )

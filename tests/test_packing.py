@@ -149,8 +149,11 @@ class Family:
         self.split = split
         self.has_types = "token_type_ids" in split.column_names
         lengths = split["length"]
-        ds = text.make_text_dataset(split, len(rows), [max(lengths)], shuffle=False)
-        self.bucketed, self.labels, _ = next(iter(ds))  # one batch: every example, in order
+        batches = text.text_batches(
+            split, global_batch=len(rows), boundaries=[max(lengths)], shuffle=False
+        )
+        # one batch: every example, in order
+        self.bucketed, self.labels, _ = next(iter(batches.dataset()))
         self.width = packing.row_width(lengths, 32)
         self.rows = packing.pack_rows(lengths, self.width, max_per_row=4)
         assert any(len(r) > 1 for r in self.rows)
@@ -328,18 +331,23 @@ def test_the_packed_forward_pass_compiles_with_xla():
         np.testing.assert_allclose(out, packed(features), atol=1e-5)
 
 
-def test_packed_dataset_uses_every_example_once_at_one_shape():
+def test_packed_batches_use_every_example_once_at_one_shape():
     from tpu_helpers import xla
 
     examples = [list(RNG.integers(5, 99, size=n)) for n in RNG.integers(2, 20, size=37)]
     labels = list(RNG.integers(0, 3, size=37))
-    ds, steps = packing.packed_dataset(examples, labels, 24, batch_size=4, max_per_row=4, seed=3)
+    plan = packing.packed_batches(
+        examples, labels, width=24, global_batch=4, epochs=1, max_per_row=4, seed=3
+    )
+    steps = plan.steps_per_epoch
+    ds = plan.dataset()
     batches = list(ds)
     assert len(batches) == steps == int(ds.cardinality())
-    report = ds.pack_report
+    assert (plan.global_batch, plan.examples, plan.max_width) == (4, len(examples), 24)
+    report = plan.padding
     assert report.examples == len(examples) and report.real_tokens == sum(map(len, examples))
     assert report.rows <= steps * 4 < report.rows + 4
-    shapes = xla.shape_report(ds, n=steps)
+    shapes = xla.shape_report(plan, n=steps)
     assert shapes.distinct == 1 and shapes.batches == steps
     real = sum(len(e) for e in examples)
     assert shapes.padding_fraction == pytest.approx(1 - real / (steps * 4 * 24))
@@ -351,36 +359,61 @@ def test_packed_dataset_uses_every_example_once_at_one_shape():
                 if w[r, slot] > 0:
                     seen.append((tuple(ids[r][seg[r] == slot + 1]), int(y[r, slot])))
     assert sorted(seen) == sorted((tuple(e), int(y)) for e, y in zip(examples, labels, strict=True))
-    two, steps2 = packing.packed_dataset(examples, labels, 24, 4, 4, seed=3, epochs=2)
-    two = list(two)
-    assert len(two) == 2 * steps2 and steps2 >= steps
-    for epoch in (two[:steps2], two[steps2:]):  # each epoch: every example once
+    two = packing.packed_batches(
+        examples, labels, width=24, global_batch=4, epochs=2, max_per_row=4, seed=3
+    )
+    steps2 = two.steps_per_epoch
+    epochs = [list(two.dataset(e)) for e in range(2)]
+    assert [len(e) for e in epochs] == [steps2] * 2 and steps2 >= steps
+    for epoch in epochs:  # each epoch: every example once
         assert sum(float(w.numpy().sum()) for _, _, w in epoch) == len(examples)
-    first, second = (
-        np.concatenate([b[0]["input_ids"].numpy() for b in e]) for e in (two[:steps2], two[steps2:])
-    )
+    first, second = (np.concatenate([b[0]["input_ids"].numpy() for b in e]) for e in epochs)
     assert not np.array_equal(first, second)  # packed and ordered anew
-    # one epoch from a step on, as a resumed run asks: the same batches as the whole run's
-    part, steps_part = packing.packed_dataset(
-        examples, labels, 24, 4, 4, seed=3, epochs=2, epoch=1, skip_steps=2
-    )
-    part = list(part)
-    assert steps_part == steps2 and len(part) == steps2 - 2
-    for got, want in zip(part, two[steps2 + 2 :], strict=True):
-        for name in ("input_ids", "segment_ids", "starts"):
-            np.testing.assert_array_equal(got[0][name], want[0][name])
-        np.testing.assert_array_equal(got[2], want[2])
-    with pytest.raises(ValueError, match="epoch=2, skip_steps=0: a run of 2 epochs"):
-        packing.packed_dataset(examples, labels, 24, 4, 4, epochs=2, epoch=2)
+    with pytest.raises(ValueError, match="epoch=2: the packing was planned for 2 epochs"):
+        two.dataset(2)
+    with pytest.raises(ValueError, match=f"skip_steps={steps2}: an epoch of packed batches"):
+        two.dataset(1, skip_steps=steps2)
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_a_resumed_packed_epoch_is_the_tail_of_the_whole_one(epoch):
+    """One epoch from a step on, as a resumed run asks: the same batches as the whole
+    epoch's, whatever was read before (the other epoch, or nothing)."""
+    examples = [list(RNG.integers(5, 99, size=n)) for n in RNG.integers(2, 20, size=37)]
+    labels = list(RNG.integers(0, 3, size=37))
+
+    def plan():
+        return packing.packed_batches(
+            examples, labels, width=24, global_batch=4, epochs=2, max_per_row=4, seed=3
+        )
+
+    whole_plan = plan()
+    list(whole_plan.dataset(1 - epoch))  # the other epoch read first changes nothing
+    whole = list(whole_plan.dataset(epoch))
+    assert len(whole) == len(list(whole_plan.dataset(epoch))) == whole_plan.steps_per_epoch
+    weights = sum(float(w.numpy().sum()) for _, _, w in whole)
+    assert weights == len(examples)  # every example once with weight 1, fillers 0
+    resumed_plan = plan()  # a new process, resumed
+    for skip in range(1, whole_plan.steps_per_epoch):
+        part = list(resumed_plan.dataset(epoch, skip_steps=skip))
+        assert len(part) == whole_plan.steps_per_epoch - skip
+        for got, want in zip(part, whole[skip:], strict=True):
+            for name in want[0]:
+                np.testing.assert_array_equal(got[0][name], want[0][name])
+            np.testing.assert_array_equal(got[1], want[1])
+            np.testing.assert_array_equal(got[2], want[2])
 
 
 def test_fit_trains_the_wrapped_model_on_packed_batches():
     model = tiny_model("bert")
     examples = EXAMPLES * 8
-    ds, steps = packing.packed_dataset(examples, LABELS * 8, 24, batch_size=4, max_per_row=3)
+    plan = packing.packed_batches(
+        examples, LABELS * 8, width=24, global_batch=4, epochs=1, max_per_row=3
+    )
     packed = packing.packed_keras_model(model)
     packed.compile(optimizer=tf.keras.optimizers.Adam(1e-2))
-    history = packed.fit(ds.repeat(), epochs=12, steps_per_epoch=steps, verbose=0).history
+    ds = plan.dataset().repeat()
+    history = packed.fit(ds, epochs=12, steps_per_epoch=plan.steps_per_epoch, verbose=0).history
     assert history["loss"][-1] < history["loss"][0] * 0.7, history["loss"]
     assert history["accuracy"][-1] > 0.6
     # the wrapped (unpacked) model learned it: it classifies the examples alone too
@@ -392,8 +425,10 @@ def test_preflight_passes_a_packed_model_and_reads_its_padding_from_segment_ids(
     from tpu_helpers import xla
 
     model = tiny_model("roberta")
-    ds, _ = packing.packed_dataset(EXAMPLES * 4, LABELS * 4, 24, 4, max_per_row=3, pad_token_id=1)
-    report = xla.preflight(model, ds, batches=2, train_step=packing.packed_train_step(model))
+    plan = packing.packed_batches(
+        EXAMPLES * 4, LABELS * 4, width=24, global_batch=4, epochs=1, max_per_row=3, pad_token_id=1
+    )
+    report = xla.preflight(model, plan, batches=2, train_step=packing.packed_train_step(model))
     text = str(report)
     print(text)
     assert "1 distinct shape(s)" in text

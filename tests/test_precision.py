@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from transformers import TFAutoModelForSequenceClassification
 
-from tpu_helpers import hub, packing, xla
+from tpu_helpers import hub, packing, pipeline, xla
 from tpu_helpers.training import CustomLoop
 
 
@@ -92,8 +92,12 @@ def test_the_custom_loop_trains_and_reports_in_float32(bfloat16, fixtures_dir, b
     )
     assert model(batch[0]).logits.dtype == tf.bfloat16
     loop = CustomLoop(strategy, model, tf.keras.optimizers.Adam(1e-3), 4, None, steps_per_call=1)
-    epoch = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch).repeat(2))
-    history = loop.fit(lambda epoch_, skip: epoch, 2, epochs=1, log=lambda line: None)
+    batches = pipeline.from_dataset_fn(
+        lambda epoch, skip: tf.data.Dataset.from_tensors(batch).repeat(2 - skip),
+        steps_per_epoch=2,
+        global_batch=4,
+    )
+    history = loop.fit(batches, epochs=1, log=lambda line: None)
     assert loop.train_loss.result().dtype == tf.float32
     assert np.isfinite(history[-1]["loss"])
 

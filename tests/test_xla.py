@@ -138,11 +138,13 @@ def test_preflight_passes_the_notebook_text_pipeline(fixtures_dir):
 
     tokenizer = hub.load_tokenizer(str(fixtures_dir / "tiny-distilbert"))
     split = text.tokenize(load_dataset(str(fixtures_dir / "cola"))["validation"], tokenizer, 128)
-    ds = text.make_text_dataset(split, 16, text.padding_boundaries(split["length"], "buckets"))
+    batches = text.text_batches(
+        split, global_batch=16, boundaries=text.padding_boundaries(split["length"], "buckets")
+    )
     model = hub.from_pretrained(
         TFAutoModelForSequenceClassification, str(fixtures_dir / "tiny-distilbert"), num_labels=2
     )
-    report = xla.preflight(model, ds, Replicas(2), batches=10)
+    report = xla.preflight(model, batches, Replicas(2), batches=10)
     assert report.ok, str(report)
     assert report["padding"].status == "PASS"
 
@@ -261,7 +263,7 @@ def test_translate_xla_error_names_the_rule_and_op():
 
 
 def test_preflight_wants_the_undistributed_dataset():
-    with pytest.raises(TypeError, match="tf.data.Dataset"):
+    with pytest.raises(TypeError, match="pipeline.Batches.*or a tf.data.Dataset.*not list"):
         xla.preflight(None, [1, 2, 3])
 
 
@@ -307,6 +309,16 @@ def test_shape_report_takes_a_dataset_or_a_list_of_batches():
     ds = token_batches(n=40, batch=8)
     from_dataset, from_list = xla.shape_report(ds, n=3), xla.shape_report(list(ds), n=3)
     assert from_dataset == from_list and from_list.batches == 3 and from_list.distinct == 1
+
+
+def test_shape_report_and_preflight_read_the_first_epoch_of_a_pipeline():
+    from tpu_helpers import pipeline
+
+    ids = np.random.default_rng(0).integers(1, 50, (40, 16)).astype(np.int32)
+    batches = pipeline.from_arrays({"input_ids": ids}, np.arange(40) % 2, global_batch=8)
+    assert xla.shape_report(batches, n=3) == xla.shape_report(batches.dataset(0), n=3)
+    report = xla.preflight(tiny_model(), batches, Replicas(8), compile_step=False)
+    assert report.ok and report["static batch size"].status == "PASS"
 
 
 def test_compiled_hlo_of_a_function_or_a_tf_function():
@@ -384,7 +396,7 @@ def test_preflight_fails_widths_beyond_the_models_positions(fixtures_dir):
 
     tokenizer = hub.load_tokenizer(str(fixtures_dir / "tiny-distilbert"))
     split = text.tokenize(load_dataset(str(fixtures_dir / "cola"))["validation"], tokenizer, 128)
-    ds = text.make_text_dataset(split, 16, [16, 64], shuffle=False)
+    batches = text.text_batches(split, global_batch=16, boundaries=[16, 64], shuffle=False)
     short = TFAutoModelForSequenceClassification.from_config(
         DistilBertConfig(
             vocab_size=tokenizer.vocab_size,
@@ -396,13 +408,13 @@ def test_preflight_fails_widths_beyond_the_models_positions(fixtures_dir):
         )
     )
     report = xla.preflight(
-        short, ds, Replicas(2), batches=60, compile_step=False, raise_on_failure=False
+        short, batches, Replicas(2), batches=60, compile_step=False, raise_on_failure=False
     )
     assert report["positions"].status == "FAIL"
     assert "widest batch 64 tokens, the distilbert model embeds 32" in report["positions"].detail
     long = xla.preflight(
         short,
-        text.make_text_dataset(split, 16, [16, 32]),
+        text.text_batches(split, global_batch=16, boundaries=[16, 32]),
         Replicas(2),
         batches=60,
         compile_step=False,

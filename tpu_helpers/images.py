@@ -294,9 +294,7 @@ def scan_images(paths: Sequence[str], max_pixels: int = MAX_PIXELS) -> dict[str,
         except tf.errors.OpError as err:  # a folder (.ipynb_checkpoints), no permission
             problems[path] = f"cannot be read ({first_line(err, 120)})"
             continue
-        problem = image_problem(data, max_pixels)
-        if not problem and str(path).lower().endswith(JPEG_SUFFIXES) and data[:3] != _JPEG:
-            problem = "not a JPEG, although named as one (rename it with its real type)"
+        problem = image_problem(data, max_pixels)  # by content: a PNG named .jpg is read
         if problem:
             problems[path] = problem
     return problems
@@ -728,20 +726,20 @@ class _ImageEpochs:
         return ds.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def _checked_files(paths, labels, batch_size, training, on_error, max_pixels, num_labels, log):
+def _checked_files(paths, labels, global_batch, training, on_error, max_pixels, num_labels, log):
     """The arguments checked, and the files that can be read (see ``on_error``):
     ``(paths, labels)``."""
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
-    check_positive(batch_size=batch_size)
+    check_positive(global_batch=global_batch)
     paths = [str(p) for p in paths]
     labels = check_labels(labels, num_labels, "labels").astype(np.int32)
     if len(paths) != len(labels):
         raise ValueError(f"{len(paths)} paths but {len(labels)} labels.")
     paths, labels = _usable_files(paths, labels, on_error, max_pixels, log)
-    if not paths or (training and len(paths) < batch_size):
+    if not paths or (training and len(paths) < global_batch):
         raise ValueError(
-            f"{len(paths)} images make no full training batch of {batch_size} (one step needs"
+            f"{len(paths)} images make no full training batch of {global_batch} (one step needs"
             " a full batch on every replica). Fix: a smaller per-replica batch, or more images."
         )
     return paths, labels

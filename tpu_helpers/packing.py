@@ -538,6 +538,8 @@ def packed_batches(
     labels = check_labels(labels, num_labels, "labels")
     lengths = [len(ids) for ids in input_ids]
     _check_some(lengths)
+    if token_type_ids is not None:  # one type per token, refused here rather than at a step
+        _types_in_order(token_type_ids, input_ids, np.arange(len(lengths)), np.asarray(lengths))
     packings = [_epoch_rows(lengths, width, max_per_row, seed, e) for e in range(epochs)]
     steps = max(-(-len(rows) // global_batch) for rows in packings)
 
