@@ -35,6 +35,27 @@ def run_python(
     )
 
 
+def numpy_batches(dataset) -> list:
+    """The elements ``(features, labels, weights)`` of a dataset, as numpy arrays."""
+    return [
+        ({k: v.numpy() for k, v in f.items()}, labels.numpy(), w.numpy())
+        for f, labels, w in dataset
+    ]
+
+
+def assert_same_batches(got: list, want: list) -> None:
+    """Two lists of ``numpy_batches`` are equal, batch by batch and feature by feature."""
+    import numpy as np
+
+    assert len(got) == len(want)
+    for (gf, gl, gw), (wf, wl, ww) in zip(got, want, strict=True):
+        assert set(gf) == set(wf)
+        for name in wf:
+            np.testing.assert_array_equal(gf[name], wf[name])
+        np.testing.assert_array_equal(gl, wl)
+        np.testing.assert_array_equal(gw, ww)
+
+
 def pytest_collection_finish(session):
     """Start the install-plan dry runs (a minute or two, much of it on the package index) as
     soon as the tests are chosen, when a test that reads them is, so the tests before them

@@ -238,3 +238,13 @@ def test_notebook_01_trains_with_model_fit_in_its_own_code():
     assert "model.fit(" in code and "fit_resumable(" not in code
     assert ".distribute(strategy, epoch, skip_steps=skip)" in code
     assert ".resume_point(" in code and ".callback(" in code
+
+
+def test_notebook_02_writes_its_training_step_with_strategy_run():
+    """The custom-loop lesson's step is on the page: the tape, the loss scaled to the
+    global batch, strategy.run in a compiled multi-step function."""
+    path = ROOT / "notebooks" / "02_custom_training_loop.ipynb"
+    code = "\n".join(source(c) for c in load(path)["cells"] if c["cell_type"] == "code")
+    for piece in ("tf.GradientTape()", "strategy.run(", "replica_loss(per_example, global_batch)"):
+        assert piece in code, piece
+    assert "train_steps=" in code and "@tf.function" in code

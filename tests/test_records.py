@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import run_python
+from tests.conftest import assert_same_batches, numpy_batches, run_python
 from tpu_helpers import hub, records
 from tpu_helpers.records import RecordsError, encode
 
@@ -625,22 +625,6 @@ def test_a_resumed_epoch_continues_with_the_same_batches(tmp_path):
     assert firsts(2) != whole
 
 
-def _numpy_batches(ds):
-    return [
-        ({k: v.numpy() for k, v in f.items()}, labels.numpy(), w.numpy()) for f, labels, w in ds
-    ]
-
-
-def _assert_same_batches(got, want):
-    assert len(got) == len(want)
-    for (gf, gl, gw), (wf, wl, ww) in zip(got, want, strict=True):
-        assert set(gf) == set(wf)
-        for name in wf:
-            np.testing.assert_array_equal(gf[name], wf[name])
-        np.testing.assert_array_equal(gl, wl)
-        np.testing.assert_array_equal(gw, ww)
-
-
 @pytest.mark.parametrize("epoch", [0, 2])
 @pytest.mark.parametrize("boundaries", [None, [16, 32, 64]], ids=["one-width", "three-widths"])
 def test_read_records_keep_the_contract(tmp_path, epoch, boundaries):
@@ -656,7 +640,7 @@ def test_read_records_keep_the_contract(tmp_path, epoch, boundaries):
         )
 
     batches = plan()
-    whole = _numpy_batches(batches.dataset(epoch))
+    whole = numpy_batches(batches.dataset(epoch))
     assert len(whole) == len(list(batches.dataset(epoch))) == batches.steps_per_epoch
     assert sum(float(w.sum()) for _, _, w in whole) == 400 == batches.examples
     for element in batches.dataset(epoch):
@@ -668,7 +652,7 @@ def test_read_records_keep_the_contract(tmp_path, epoch, boundaries):
     assert sorted(ids) == list(range(1, 401))  # every record once with weight 1
     resumed = plan()
     for skip in range(1, batches.steps_per_epoch):
-        _assert_same_batches(_numpy_batches(resumed.dataset(epoch, skip_steps=skip)), whole[skip:])
+        assert_same_batches(numpy_batches(resumed.dataset(epoch, skip_steps=skip)), whole[skip:])
     with pytest.raises(ValueError, match="skip_steps="):
         batches.dataset(epoch, skip_steps=batches.steps_per_epoch)
 

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tests.conftest import assert_same_batches, numpy_batches
 from tpu_helpers import hub, text
 
 
@@ -201,21 +202,6 @@ def _resume_split():
     }
 
 
-def _as_numpy(element):
-    features, labels, weights = element
-    return {k: v.numpy() for k, v in features.items()}, labels.numpy(), weights.numpy()
-
-
-def _assert_same_batches(got, want):
-    assert len(got) == len(want)
-    for (gf, gl, gw), (wf, wl, ww) in zip(got, want, strict=True):
-        assert set(gf) == set(wf)
-        for name in wf:
-            np.testing.assert_array_equal(gf[name], wf[name])
-        np.testing.assert_array_equal(gl, wl)
-        np.testing.assert_array_equal(gw, ww)
-
-
 def test_skip_steps_resumes_at_the_same_batch():
     split = _resume_split()
     full = [
@@ -245,7 +231,7 @@ def test_text_batches_keep_the_contract(epoch):
         return text.text_batches(split, global_batch=8, boundaries=[16, 32, 64], seed=4)
 
     batches = plan()
-    whole = [_as_numpy(e) for e in batches.dataset(epoch)]
+    whole = numpy_batches(batches.dataset(epoch))
     assert len(whole) == len(list(batches.dataset(epoch))) == batches.steps_per_epoch
     assert sum(float(w.sum()) for _, _, w in whole) == len(split["length"]) == batches.examples
     for element in batches.dataset(epoch):
@@ -254,8 +240,8 @@ def test_text_batches_keep_the_contract(epoch):
         assert isinstance(features, dict) and labels.shape == weights.shape == (8,)
     resumed = plan()
     for skip in range(1, batches.steps_per_epoch):
-        part = [_as_numpy(e) for e in resumed.dataset(epoch, skip_steps=skip)]
-        _assert_same_batches(part, whole[skip:])
+        part = numpy_batches(resumed.dataset(epoch, skip_steps=skip))
+        assert_same_batches(part, whole[skip:])
     with pytest.raises(ValueError, match="skip_steps="):
         batches.dataset(epoch, skip_steps=batches.steps_per_epoch)
 

@@ -135,3 +135,52 @@ def test_a_corrupt_record_file_met_in_training_says_how_to_find_it(tmp_path):
     ):
         loop.fit(batches, epochs=1, log=lambda m: None)
     assert np.isfinite(model.get_weights()[0]).all()
+
+
+def test_your_own_train_steps_and_metrics_are_what_the_loop_drives(tmp_path):
+    """``train_steps=`` (notebook 02 writes one with strategy.run) is called in calls that
+    end at checkpoint steps, and ``metrics=`` are reset each epoch and reported by name."""
+    from tpu_helpers.pipeline import from_arrays
+
+    strategy = tpu_helpers.connect(verbose=False)
+    ids = np.ones((40, 6), np.int32)
+    batches = from_arrays(
+        {"input_ids": ids, "attention_mask": ids}, np.zeros(40, np.int32), global_batch=8
+    )
+    with strategy.scope():
+        model, optimizer = Tiny(), tf.keras.optimizers.SGD(0.1)
+        seen = tf.keras.metrics.Sum()
+    calls = []
+
+    @tf.function
+    def train_steps(iterator, steps):
+        for _ in tf.range(steps):
+            features, labels, weights = next(iterator)
+
+            def step(features, labels, weights):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(model(features, training=True) ** 2)
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+                seen.update_state(tf.reduce_sum(weights))
+
+            strategy.run(step, args=(features, labels, weights))
+
+    def counted(iterator, steps):
+        calls.append(int(steps))
+        return train_steps(iterator, steps)
+
+    loop = CustomLoop(
+        strategy,
+        model,
+        optimizer,
+        8,
+        str(tmp_path),
+        steps_per_call=4,
+        train_steps=counted,
+        metrics={"rows": seen},
+    )
+    history = loop.fit(batches, 2, checkpoint_every=3, log=lambda line: None)
+    assert calls == [3, 2, 1, 3, 1]  # 5 steps an epoch, calls ending at steps 3, 6, 9
+    assert [row["rows"] for row in history] == [40.0, 40.0]  # reset each epoch
+    assert loop.step == 10 and set(history[0]) == {"epoch", "step", "rows"}

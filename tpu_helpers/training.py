@@ -43,6 +43,13 @@ class CustomLoop:
             share of the step's loss (its weighted per-example losses in, a scalar out);
             the replicas' shares are summed. Default: ``tf.nn.compute_average_loss``,
             the sum divided by the global batch.
+        train_steps: your own ``tf.function`` ``train_steps(iterator, steps)`` that runs
+            ``steps`` training steps, each ``strategy.run`` of your replica step on the
+            next batch (notebook 02 writes one); the loop then drives it: resume, calls
+            that end at checkpoint steps, saves, evaluation, the log. Default: the
+            loop's own (a ``GradientTape`` step with ``replica_loss``).
+        metrics: ``{name: metric}`` that ``train_steps`` updates, reset each epoch and
+            reported by name. Default: the loop's own ``loss`` and ``accuracy``.
 
     The datasets yield ``(features, labels, weights)``: weights 0 mark filler rows.
     """
@@ -57,6 +64,8 @@ class CustomLoop:
         steps_per_call: int = 1,
         max_to_keep: int = 3,
         replica_loss=None,
+        train_steps=None,
+        metrics: dict | None = None,
     ):
         import tensorflow as tf
 
@@ -82,7 +91,8 @@ class CustomLoop:
             if checkpoint_dir
             else None
         )
-        self._train_call = tf.function(self._train_steps)
+        self._train_call = train_steps or tf.function(self._train_steps)
+        self.metrics = metrics or {"loss": self.train_loss, "accuracy": self.train_accuracy}
         self._eval_call = tf.function(self._eval_step)
 
     # --- one replica's work ---------------------------------------------------------
@@ -229,18 +239,14 @@ class CustomLoop:
         for epoch in range(start // steps_per_epoch, epochs):
             done = self.step - epoch * steps_per_epoch
             started = time.perf_counter()
-            self.train_loss.reset_state()
-            self.train_accuracy.reset_state()
+            for metric in self.metrics.values():
+                metric.reset_state()
             dataset = train.distribute(self.strategy, epoch, skip_steps=done)
             where = f"epoch {epoch + 1} after step {self.step}"
             with data_errors_explained(train, where):
                 self._train_epoch(dataset, done, steps_per_epoch, checkpoint_every, log)
-            row = {
-                "epoch": epoch + 1,
-                "step": self.step,
-                "loss": float(self.train_loss.result()),
-                "accuracy": float(self.train_accuracy.result()),
-            }
+            row = {"epoch": epoch + 1, "step": self.step}
+            row.update({name: float(m.result()) for name, m in self.metrics.items()})
             seconds = time.perf_counter() - started
             if validation is not None:
                 row.update(self.evaluate(validation))
