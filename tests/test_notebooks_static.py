@@ -248,3 +248,22 @@ def test_notebook_02_writes_its_training_step_with_strategy_run():
     for piece in ("tf.GradientTape()", "strategy.run(", "replica_loss(per_example, global_batch)"):
         assert piece in code, piece
     assert "train_steps=" in code and "@tf.function" in code
+
+
+EXERCISE_EDITIONS = sorted((ROOT / "notebooks" / "exercises").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.parametrize("path", EXERCISE_EDITIONS, ids=lambda p: p.name)
+def test_no_stub_holds_its_hint_or_imports_a_helper_function(path):
+    """The learner makes the decision: a stub cell shows the task, not the hint (that is
+    folded in the cell before), and imports no function of tpu_helpers (one could compute
+    the answer: 00.1's replica_sum did); modules such as workshop are fine."""
+    import re
+
+    for cell in load(path)["cells"]:
+        text = source(cell)
+        if cell["cell_type"] != "code" or "raise NotImplementedError" not in text:
+            continue
+        assert "Hint:" not in text, text[:300]
+        imported = re.findall(r"from tpu_helpers\.\w+ import (.+)", text)
+        assert not imported, f"a stub cell imports {imported} from tpu_helpers"

@@ -17,7 +17,8 @@ nbval, nbstripout and Colab leave them alone):
 
 The next code cell after it must be a "check your answer" cell (first line
 ``# Check your answer``) that asserts the property the exercise is about; it is the same
-in both editions. The exercise edition keeps the Task and Hint comments, replaces the code
+in both editions. The exercise edition keeps the Task comments (the Hint goes, folded, into a
+markdown cell before the stub, so that it is read only when wanted), replaces the code
 by a prompt and a ``raise NotImplementedError`` stub naming what to define, and puts a
 markdown cell with the task before the cell. Every other cell is copied unchanged, apart
 from the title cell (its badges open the exercise edition) and links that leave the
@@ -70,6 +71,18 @@ class Exercise:
     def hint(self) -> str:
         return _prompt_part(self.prompt, "Hint")
 
+    def task_lines(self) -> list[str]:
+        """The prompt's comment lines without the hint (the stub shows the task; the hint
+        waits, folded, in the cell before it)."""
+        lines, in_hint = [], False
+        for line in self.prompt:
+            label = re.match(r"\s*#\s*(\w+):", line)
+            if label:
+                in_hint = label[1] == "Hint"
+            if not in_hint:
+                lines.append(line)
+        return lines
+
     def solution_lines(self) -> list[str]:
         return [
             f"{self.indent}# BEGIN EXERCISE: {self.title}\n",
@@ -88,11 +101,12 @@ class Exercise:
             message = "write your code in place of this line"
         message = (
             f"Exercise {self.id} ({self.title}) is not done yet: {message}"
-            " (the Task and Hint are in the comments above)."
+            " (the task is in the comments above; a hint is in the cell before, if you"
+            " want one)."
         )
         return [
             f"{self.indent}# EXERCISE {self.id} · {self.title}\n",
-            *self.prompt,
+            *self.task_lines(),
             f"{self.indent}# {todo}\n",
             f"{self.indent}raise NotImplementedError({json.dumps(message, ensure_ascii=False)})\n",
         ]
