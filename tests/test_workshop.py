@@ -492,7 +492,12 @@ def _count_if(ids):
     return tf.constant(0)
 
 
-COUNT_INPUTS = [tf.constant([[101, 7, 102, 0]]), tf.constant([[5, 3, 0, 0]])]
+# both sides of the condition, and its edge (a sum of exactly 100: > and >= differ)
+COUNT_INPUTS = [
+    tf.constant([[101, 7, 102, 0]]),
+    tf.constant([[5, 3, 0, 0]]),
+    tf.constant([[60, 40, 0, 0]]),
+]
 
 
 def test_same_values_more_wrong_answers():
@@ -506,12 +511,49 @@ def test_same_values_more_wrong_answers():
         return tf.where(tf.reduce_sum(ids) > 100, tf.reduce_sum(tf.cast(ids > 0, tf.int32)), 0)
 
     workshop.check_same_values(count_where, _count_if, COUNT_INPUTS)
+
+    def greater_or_equal(ids):
+        return tf.where(tf.reduce_sum(ids) >= 100, tf.reduce_sum(tf.cast(ids > 0, tf.int32)), 0)
+
+    def cond(ids):  # tf.cond is no Python if: right too
+        count = tf.reduce_sum(tf.cast(ids > 0, tf.int32))
+        return tf.cond(tf.reduce_sum(ids) > 100, lambda: count, lambda: tf.constant(0))
+
+    workshop.check_same_values(cond, _count_if, COUNT_INPUTS)
     for wrong, message in [
-        (_count_if, "XLA cannot compile it"),  # the original, still a Python if
+        (_count_if, "XLA cannot compile it|Python `if`"),  # the original, still a Python if
         (counts_padding_too, "both branches"),
         (no_condition, "both branches"),
+        (greater_or_equal, "both branches"),
     ]:
         _raises(workshop.check_same_values, wrong, _count_if, COUNT_INPUTS, match=message)
+
+
+def test_the_original_copied_into_the_notebook_is_refused():
+    """In a notebook (the ``__main__`` module) AutoGraph rewrites the original's Python
+    ``if`` into tf.cond, so it compiled and passed: the check compiles the answer as
+    written. A separate interpreter runs it as a notebook would."""
+    from conftest import run_python
+
+    result = run_python(
+        """
+        import tpu_helpers, tensorflow as tf
+        from tpu_helpers import workshop
+
+        def copied(ids):
+            if tf.reduce_sum(ids) > 100:
+                return tf.reduce_sum(tf.cast(ids > 0, tf.int32))
+            return tf.constant(0)
+
+        reference = tf.autograph.experimental.do_not_convert(copied)
+        try:
+            workshop.check_same_values(copied, reference, [tf.constant([[101, 7, 102, 0]])])
+        except workshop.ExerciseCheckError as err:
+            assert "Python `if`" in str(err), err
+            print("OK")
+        """
+    )
+    assert result.stdout.strip().endswith("OK"), result.stdout[-2000:] + result.stderr[-3000:]
 
 
 def test_static_loss_more_wrong_answers():
@@ -675,3 +717,61 @@ def test_replica_loss_is_judged_inside_strategy_run_on_every_replica():
         """
     )
     assert result.stdout.strip().endswith("OK"), result.stdout[-2000:] + result.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def many_written(tmp_path_factory):
+    """60 records of lengths 3-40, labels mixed, written grouped by length."""
+    from datasets import Dataset
+
+    from tpu_helpers import records
+
+    rng = np.random.default_rng(0)
+    ids = [[101, *rng.integers(5, 90, n).tolist(), 102] for n in rng.integers(1, 38, 60)]
+    rows = Dataset.from_dict({"input_ids": ids, "label": [i % 2 for i in range(60)]})
+    folder = tmp_path_factory.mktemp("many-records")
+    records.write_records(rows, str(folder), shard_records=10, progress=False)
+    return records.open_records(str(folder))
+
+
+def test_record_batches_right_and_wrong(many_written):
+    """03.2: the run's stream is accepted; a hand-built tf.data pipeline, one replica's
+    batch, another seed, no shuffle and other widths are refused with their reason."""
+    from tpu_helpers import records
+
+    source, widths, batch = many_written, [16, 24, 40], 8
+
+    def read(**options):
+        options = {"global_batch": batch, "boundaries": widths, "seed": 0, **options}
+        return records.read_records(source, **options)
+
+    workshop.check_record_batches(read(), source, widths, batch, seed=0)
+    by_hand = tf.data.TFRecordDataset([s.path for s in source.shards]).batch(batch)
+    _raises(workshop.check_record_batches, by_hand, source, widths, batch, match="pipeline.Batches")
+    _raises(
+        workshop.check_record_batches,
+        read(global_batch=2),
+        source,
+        widths,
+        batch,
+        match="one replica's share of 4",
+    )
+    _raises(
+        workshop.check_record_batches, read(seed=1), source, widths, batch, match="another seed"
+    )
+    _raises(
+        workshop.check_record_batches,
+        read(shuffle=False),
+        source,
+        widths,
+        batch,
+        match="not shuffled",
+    )
+    _raises(
+        workshop.check_record_batches,
+        read(boundaries=[40]),
+        source,
+        widths,
+        batch,
+        match="not to the widths chosen",
+    )

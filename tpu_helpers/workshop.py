@@ -25,6 +25,7 @@ __all__ = [
     "check_global_batch",
     "check_replica_loss",
     "check_parse_spec",
+    "check_record_batches",
     "check_normalize",
     "check_head",
     "check_same_values",
@@ -376,6 +377,64 @@ def _on_every_replica(strategy, replica_loss, per_example, global_batch) -> list
 
 
 # --- 03 ---------------------------------------------------------------------------------
+def check_record_batches(
+    batches, source, boundaries, global_batch: int, seed: int = 0, exercise: str = "03.2"
+) -> None:
+    """The training stream of ``source``: a ``pipeline.Batches`` (what ``read_records``
+    returns: any epoch from any step, which resuming needs), of ``global_batch`` rows per
+    step (all replicas, not one), padded to ``boundaries``, shuffled with ``seed``."""
+    from tpu_helpers import records
+    from tpu_helpers.pipeline import Batches
+
+    if not isinstance(batches, Batches):
+        _fail(
+            exercise,
+            f"`train_batches` is a {type(batches).__name__}, not the pipeline.Batches that"
+            " records.read_records returns: training needs every epoch from any step (to"
+            " resume) and the steps per epoch. Fix: records.read_records(source,"
+            " global_batch=..., boundaries=..., seed=...).",
+        )
+    if batches.global_batch != global_batch:
+        share = global_batch // batches.global_batch
+        one_replica = share > 1 and share * batches.global_batch == global_batch
+        _fail(
+            exercise,
+            f"its steps take {batches.global_batch} rows, the global batch is {global_batch}"
+            + (f" (that is one replica's share of {share})" if one_replica else "")
+            + ": read_records takes the rows of a whole step over every replica. Fix:"
+            " global_batch=global_batch.",
+        )
+
+    def first_epoch(plan):  # each step's width and labels
+        return [(f["input_ids"].shape[1], y.numpy().tolist()) for f, y, _ in plan.dataset(0)]
+
+    def read(**options):
+        plan = records.read_records(
+            source, global_batch=global_batch, boundaries=boundaries, **options
+        )
+        return first_epoch(plan)
+
+    mine, expected = first_epoch(batches), read(seed=seed)
+    if sorted(w for w, _ in mine) != sorted(w for w, _ in expected):
+        widths = sorted({w for w, _ in mine})
+        _fail(
+            exercise,
+            f"its batches are padded to {widths}, not to the widths chosen, {list(boundaries)}."
+            " Fix: boundaries=boundaries.",
+        )
+    if mine != expected:
+        why = f"it is shuffled with another seed than {seed}"
+        if mine == read(shuffle=False):
+            why = "it is not shuffled"
+        _fail(
+            exercise,
+            f"the epoch's batches are not those of the run: {why} (a run that resumes must"
+            f" draw the same order from the same seed). Fix: seed={seed}, and leave shuffle on.",
+        )
+    steps = f"{batches.steps_per_epoch} steps of {global_batch} rows"
+    _ok(exercise, f"{steps}, widths {list(boundaries)}, seed {seed}")
+
+
 def check_parse_spec(spec: dict, source, rows, exercise: str = "03.1", records: int = 64):
     """``spec`` parses the first ``records`` records of the first shard of ``source`` (an
     ``open_records`` result) into examples that are rows of ``rows`` (``input_ids`` and
@@ -592,7 +651,10 @@ def check_head(
 # --- 05 ---------------------------------------------------------------------------------
 def check_same_values(function: Callable, reference: Callable, inputs, exercise: str = "05.1"):
     """``function`` gives ``reference``'s value (run eagerly, where a Python ``if`` works)
-    on each of ``inputs``, both sides of the condition included, and XLA compiles it."""
+    on each of ``inputs`` (both sides of the condition, and its edge, belong there), and
+    XLA compiles it as written, without AutoGraph's rewriting of a Python ``if``."""
+    import tensorflow as tf
+
     from tpu_helpers import xla
 
     for args in inputs:
@@ -611,6 +673,16 @@ def check_same_values(function: Callable, reference: Callable, inputs, exercise:
     except Exception as err:  # noqa: BLE001  (the compiler's error, translated)
         rule, _, fix = xla.translate_xla_error(err)
         _fail(exercise, f"XLA cannot compile it: {rule}. Fix: {fix}")
+    try:  # as written, without AutoGraph turning a Python `if` into tf.cond
+        xla.compiled_hlo(tf.autograph.experimental.do_not_convert(function), *first)
+    except Exception:  # noqa: BLE001  (the learner's code: say what it relies on)
+        _fail(
+            exercise,
+            "it still branches with a Python `if` on a tensor's value: it compiles only"
+            " because AutoGraph rewrites that `if` into tf.cond in a tf.function (code"
+            " AutoGraph does not convert, or a value read with .numpy(), fails). Fix:"
+            " compute the count whatever the condition, and pick with tf.where.",
+        )
     _ok(exercise, f"same values as the original on {len(inputs)} inputs, and XLA compiles it")
 
 
