@@ -121,44 +121,35 @@ def read_records(
     num_labels: int | None = None,
     log=print,
 ) -> Batches:
-    """The ``pipeline.Batches`` of TFRecord shards (see ``open_records`` for ``source``,
-    ``spec``, ``on_corrupt``): ``(features, labels, weights)`` batches of exactly
-    ``global_batch`` rows; with ``label_column=None`` the labels are the weights' zeros
-    (``mlm.masked_batches`` makes its own). Every record is read once per epoch with
-    weight 1; the rows that complete a short batch are copies weighted 0. Integers become
-    int32.
+    """The ``pipeline.Batches`` of TFRecord shards (``open_records`` explains ``source``,
+    ``spec``, ``on_corrupt``): ``(features, labels, weights)`` batches of ``global_batch``
+    rows (labels of zeros with ``label_column=None``), integers as int32. Every record is
+    read once per epoch with weight 1; copies weighted 0 complete a short batch.
 
-    Variable-length features are padded to one of ``boundaries`` per batch (from
-    ``text.choose_boundaries(record_lengths(...))``; default: the longest record), and an
-    ``attention_mask`` is added when the records have none. Each width reads its own
-    shards (``write_records`` groups records by length), so a batch of any width can be
-    made on any host: the step widths follow a schedule drawn from ``(seed, epoch)`` alone
-    (see ``plan_reads``). Batches of serialized records are parsed and padded in one op.
+    Variable-length features are padded to one of ``boundaries`` per batch (default: the
+    longest record), with an ``attention_mask`` when the records have none. Each width
+    reads its own shards (``write_records`` groups records by length), so any host makes a
+    batch of any width; the widths of the steps follow a schedule of ``(seed, epoch)``
+    (``plan_reads``). A batch of serialized records is parsed and padded in one op.
 
-    Shuffling, from ``pipeline.seed_pair(seed, epoch, ...)`` alone (the same epoch gives
-    the same order, so a resumed run sees the batches an uninterrupted one would;
-    TensorFlow's global seed plays no part): the file order, the records through a buffer
-    of ``shuffle_buffer`` records (per width), and the order of the widths. Write shards
-    from data that is not sorted by label. ``seed=None``: a random seed (0 on a pod
-    slice, whose hosts must agree).
+    Shuffled from ``pipeline.seed_pair(seed, epoch, ...)`` alone (a resumed epoch is the
+    uninterrupted one's; TensorFlow's global seed plays no part): the file order, the
+    records through a buffer of ``shuffle_buffer`` per width, the order of the widths.
+    ``seed=None``: a random seed, drawn once for the plan (every epoch and host share it).
 
-    ``parallel_reads``: files read at once (default 8 for ``gs://``-like paths, where each
-    read waits on the network, ``storage.is_shared``; 1 for local ones and ``ram://``). On a strategy (``batches.distribute``)
-    each host reads its own shards and makes one batch per local replica per step, all of
-    one width, and all hosts run the same steps (``batches.steps_on(strategy)``); with
-    several hosts the files must be on a bucket (or ``shared_filesystem=True``).
-    ``transform`` (a function of the dataset, such as ``observe.CompileWatch.watch``) is
-    applied to the batches before prefetching. ``num_labels``: the model's number of
-    labels; records whose labels reach it are refused before any step. Files without
+    ``parallel_reads``: files read at once (default 8 on ``storage.is_shared`` paths,
+    where reads wait on the network; else 1). On a strategy (``batches.distribute``) each
+    host reads its own shards and makes one batch per local replica per step, one width
+    per step, the same steps on every host (``batches.steps_on``); several hosts need the
+    files on a bucket (or ``shared_filesystem=True``). ``transform`` (such as
+    ``observe.CompileWatch.watch``) applies to the batches before prefetching;
+    ``num_labels`` refuses records whose labels reach it before any step. Files without
     metadata are counted first (one read of every record), and ``log`` says so.
     """
     from tpu_helpers.pipeline import Batches
 
     check_positive(global_batch=global_batch)
-    if not isinstance(source, RecordSource):
-        source = open_records(source, spec=spec, on_corrupt=on_corrupt)
-    source = _counted(source, log)
-    check_for_reading(source, label_column, num_labels)
+    source = _readable(source, spec, on_corrupt, label_column, num_labels, log)
     if boundaries is not None:
         boundaries = check_boundaries(boundaries)
     one_host = plan_reads(source, global_batch, boundaries)
@@ -192,6 +183,15 @@ def read_records(
         steps_for=reading.steps_for,
         explain=reading.explain,
     )
+
+
+def _readable(source, spec, on_corrupt, label_column, num_labels, log) -> RecordSource:
+    """``source`` opened (``open_records``), its records counted, its labels checked."""
+    if not isinstance(source, RecordSource):
+        source = open_records(source, spec=spec, on_corrupt=on_corrupt)
+    source = _counted(source, log)
+    check_for_reading(source, label_column, num_labels)
+    return source
 
 
 def _counted(source: RecordSource, log) -> RecordSource:
