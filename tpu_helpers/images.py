@@ -448,8 +448,9 @@ def decode_image(data, spec: ImageSpec, reduced: bool = False, seed=None):
     """Decode image bytes to the RGB uint8 image of ``spec.height x spec.width`` that the
     processor ``spec`` came from would make.
 
-    ``reduced=True``: a JPEG is decoded at its ``decode_scale`` (libjpeg's DCT scaling:
-    far less work for a large photo). Any other JPEG, PNG, GIF or BMP is decoded in full. Then, as the processor: the resize rule (to a size, or the shorter
+    ``reduced=True``: the bytes are a JPEG, decoded at its ``decode_scale`` (libjpeg's DCT
+    scaling: far less work for a large photo). Otherwise any of JPEG, PNG, GIF, BMP,
+    decoded in full. Then, as the processor: the resize rule (to a size, or the shorter
     side to an edge keeping the aspect ratio), its filter with antialiasing as PIL does it,
     the center crop, the channel order; the result rounded to uint8 as PIL's is. With a
     stateless ``seed`` pair the decoded image is first randomly cropped and flipped
@@ -458,11 +459,7 @@ def decode_image(data, spec: ImageSpec, reduced: bool = False, seed=None):
     import tensorflow as tf
 
     if reduced:
-        image = tf.cond(
-            tf.strings.substr(data, 0, 3) == _JPEG,
-            lambda: _decode_reduced(data, *spec.decode_size),
-            lambda: tf.io.decode_image(data, channels=3, expand_animations=False),
-        )
+        image = _decode_reduced(data, *spec.decode_size)
     else:
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
     if seed is not None:
@@ -715,11 +712,12 @@ class _ImageEpochs:
             ds = seeded_shuffle(ds, n, seed_pair(self.seed, tf.constant(epoch, tf.int64), 0))
         pad = -(-n // self.global_batch) * self.global_batch - n
         fillers = self.cached.repeat().take(pad).map(lambda x, y, w: (x, y, tf.zeros_like(w)))
-        ds = tf.data.Dataset.zip((ds.concatenate(fillers), tf.data.Dataset.range(n + pad)))
+        ds = ds.concatenate(fillers)
+        if not self.training:
+            return ds.skip(skip_steps * self.global_batch)
+        ds = tf.data.Dataset.zip((ds, tf.data.Dataset.range(n + pad)))
 
         def augmented(item, position):
-            if not self.training:
-                return item
             return augment(item[0], _augmentation_seed(self.seed, epoch, position)), *item[1:]
 
         ds = ds.skip(skip_steps * self.global_batch)
@@ -775,13 +773,23 @@ def _loader(spec: ImageSpec, jpeg: bool, max_pixels: int):
     broken = "Fix: replace the file, or on_error='skip'."
     kind = "Not a complete JPEG/PNG/GIF/BMP image:"
 
+    def decoded(data, path, seed, as_jpeg: bool):
+        with tf.control_dependencies(_size_checks(data, path, max_pixels, jpeg_only=as_jpeg)):
+            return decode_image(data, spec, as_jpeg, seed)
+
     def load(path, label, weight, seed=None):
         data = tf.io.read_file(path)
         check = tf.debugging.Assert(_valid(data), [kind, path, broken])
         with tf.control_dependencies([check]):
-            sized = _size_checks(data, path, max_pixels, jpeg_only=False)
-        with tf.control_dependencies(sized):
-            image = decode_image(data, spec, jpeg, seed)
+            if not jpeg:
+                return decoded(data, path, seed, False), label, weight
+            # one branch per image: the JPEG fast path, or a full decode of a file of
+            # another format that is named as a JPEG
+            image = tf.cond(
+                tf.strings.substr(data, 0, 3) == _JPEG,
+                lambda: decoded(data, path, seed, True),
+                lambda: decoded(data, path, seed, False),
+            )
         return image, label, weight
 
     return load
