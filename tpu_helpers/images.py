@@ -329,11 +329,11 @@ def missing_files(paths: Sequence[str]) -> list[str]:
     return missing
 
 
-def _valid(data, jpeg_only: bool = False):
+def _valid(data):
     """``image_problem`` as a handful of TensorFlow ops, without control flow (each
-    ``tf.cond`` costs a function call per image): True when the bytes look whole.
-    Binary separators in ``tf.strings.split`` find the end markers. ``jpeg_only``: the
-    files are all named as JPEGs, so only the JPEG check runs (a PNG so named fails it)."""
+    ``tf.cond`` costs a function call per image): True when the bytes look whole, by
+    their content (a PNG named as a JPEG is a whole PNG). Binary separators in
+    ``tf.strings.split`` find the end markers."""
     import tensorflow as tf
 
     n = tf.strings.length(data)
@@ -344,8 +344,6 @@ def _valid(data, jpeg_only: bool = False):
         return tf.size(tf.strings.split(text, sep=marker)) > 1
 
     jpeg = (tf.strings.substr(head, 0, 3) == _JPEG) & has(b"\xff\xd9", tail)
-    if jpeg_only:
-        return jpeg
     last16 = tf.strings.substr(tail, tf.maximum(tf.strings.length(tail) - 16, 0), 16)
     png = (head == _PNG) & has(b"IEND", last16)
     gif = (tf.strings.substr(head, 0, 6) == _OTHER[0]) | (
