@@ -264,3 +264,75 @@ def test_the_tpu_build_flag_for_datasets_waits_for_datasets(monkeypatch):
     config = type("Config", (), {"TF_AVAILABLE": False, "TF_VERSION": "N/A"})
     hooks[0].then(config)  # what runs once datasets.config has been executed
     assert config.TF_AVAILABLE is True and str(config.TF_VERSION) == "2.20.0"
+
+
+# What Kaggle's TPU image ships (Kaggle/docker-python tpu/requirements.in), and Colab's.
+KAGGLE_TPU = {
+    "tensorflow-cpu": "2.20.0",
+    "jax": "0.7.2",
+    "jaxlib": "0.7.2",
+    "libtpu": "0.0.21",
+    "keras": "3.15.1",
+    "transformers": "5.2.0",
+    "datasets": "4.4.1",
+    "huggingface-hub": "1.2.0",
+    **dict.fromkeys(
+        ["absl-py", "regex", "rich", "kagglehub", "safetensors", "tokenizers", "sentencepiece"],
+        "1.0",
+    ),
+}
+COLAB_TPU = {"jax": "0.7.2", "libtpu": "0.0.21", "keras": "3.10.0", "transformers": "5.2.0"}
+
+
+def test_a_tpu_runtime_that_ships_jax_favours_the_keras3_engine_and_keeps_its_jax():
+    choice = runtime.choose_engine(facts("kaggle", "tpu", **KAGGLE_TPU))
+    assert choice.engine == "keras3"
+    assert "JAX 0.7.2" in choice.reason and "libtpu 0.0.21" in choice.reason
+    plan = runtime.keras3_install_commands(facts("kaggle", "tpu", **KAGGLE_TPU))
+    assert plan == ["pip install -q --no-deps keras-hub==0.32.0"]  # no tensorflow-text
+
+
+def test_the_keras3_plan_on_colab_adds_what_the_image_lacks_and_never_jax_or_libtpu():
+    plan = runtime.keras3_install_commands(facts("colab", "tpu", **COLAB_TPU))
+    assert runtime.choose_engine(facts("colab", "tpu", **COLAB_TPU)).engine == "keras3"
+    joined = " ".join(plan)
+    assert "'keras>=3.15'" in joined  # 3.10 is older than KerasHub 0.32 needs
+    assert "tensorflow-cpu==2.20.0" in joined  # tf.data and TensorBoard's summaries
+    assert plan[-1] == "pip install -q --no-deps keras-hub==0.32.0"
+    for kept in ("jax", "libtpu", "tensorflow-tpu", "transformers=="):
+        assert kept not in joined
+
+
+def test_a_family_kerashub_cannot_load_stays_on_the_tf_engine_with_its_reason():
+    choice = runtime.choose_engine(facts("kaggle", "tpu", **KAGGLE_TPU), model_type="electra")
+    assert choice.engine == "tf" and "'electra'" in choice.reason and "TF engine" in choice.reason
+    for family in runtime.KERAS3_FAMILIES:
+        assert (
+            runtime.choose_engine(facts("kaggle", "tpu", **KAGGLE_TPU), family).engine == "keras3"
+        )
+
+
+def test_the_pinned_stack_and_a_tpu_with_tensorflow_tpu_favour_the_tf_engine():
+    assert runtime.choose_engine(facts("local", "cpu", **GOOD)).engine == "tf"
+    tpu = dict(GOOD, **{"tensorflow-tpu": "2.20.0", "libtpu": "0.0.20", "jax": "0.7.2"})
+    assert runtime.choose_engine(facts("colab", "tpu", **tpu)).engine == "tf"
+    keras3_here = dict(KAGGLE_TPU)  # a machine like the Keras 3 leg's: no TPU, no tf-keras
+    assert runtime.choose_engine(facts("local", "cpu", **keras3_here)).engine == "keras3"
+    assert (
+        runtime.choose_engine(facts("local", "cpu", **keras3_here, **{"tf-keras": "2.20.0"})).engine
+        == "tf"
+    )
+
+
+def test_install_says_which_engine_the_runtime_favours_and_refuses_an_unknown_one(capsys):
+    ran = []
+    plan = install(
+        facts("kaggle", "tpu", **KAGGLE_TPU),
+        run=lambda argv, check: ran.append(argv),
+        engine="keras3",
+    )
+    said = capsys.readouterr().out
+    assert "favours the keras3 engine" in said
+    assert plan == ["pip install -q --no-deps keras-hub==0.32.0"] and len(ran) == 1
+    with pytest.raises(ValueError, match="engine='tf' or 'keras3'"):
+        install(facts("kaggle", "tpu", **KAGGLE_TPU), engine="jax")

@@ -8,6 +8,11 @@
 #                                   a Colab TPU (tensorflow-tpu, the pinned libtpu, tf-keras
 #                                   --no-deps, the Hugging Face pins). No TPU is needed: the
 #                                   TPU build runs on the CPU.
+#   STACK=keras3         .venv-keras3  Python 3.12, made the way Kaggle's TPU image is:
+#                                   tensorflow-cpu, JAX (CPU here), Keras 3, transformers 5
+#                                   (tools/kaggle-tpu-image.txt), then tpu_helpers' install
+#                                   plan for the Keras 3 engine on a Kaggle TPU (KerasHub).
+#                                   JAX sees 8 CPU devices (XLA_FLAGS), as a v5e-8 has chips.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -32,8 +37,14 @@ case "$STACK" in
     export PYENV_VERSION="${PYENV_VERSION:-3.12.1}"  # pyenv machines: the 3.12 interpreter
     inputs="requirements.txt pyproject.toml tools/colab-tpu-image.txt tpu_helpers/runtime.py"
     ;;
+  keras3)
+    VENV=.venv-keras3
+    PYTHON="${PYTHON_TPU:-python3.12}"
+    export PYENV_VERSION="${PYENV_VERSION:-3.12.1}"
+    inputs="requirements.txt pyproject.toml tools/kaggle-tpu-image.txt tpu_helpers/runtime.py"
+    ;;
   *)
-    echo "STACK must be cpu or tpu, not '$STACK'" >&2
+    echo "STACK must be cpu, tpu or keras3, not '$STACK'" >&2
     exit 2
     ;;
 esac
@@ -55,6 +66,13 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   if [ "$STACK" = cpu ]; then
     pip_in "$VENV" install -q -r requirements.txt
     pip_in "$VENV" install -q --no-deps -e .
+  elif [ "$STACK" = keras3 ]; then
+    pip_in "$VENV" install -q -r tools/kaggle-tpu-image.txt -r <(tooling_requirements)
+    pip_in "$VENV" install -q --no-deps -e .
+    # What notebook 08's install cell runs on a Kaggle TPU runtime, through the same function.
+    KAGGLE_KERNEL_RUN_TYPE=rehearsal TPU_ACCELERATOR_TYPE=v5litepod-8 \
+      "$VENV/bin/python" -m tpu_helpers install --engine keras3 2> >(grep -v "is ignored: it is neither" >&2)
+    "$VENV/bin/python" -c "import keras_hub, keras; print('[env] Keras 3 stack: keras', keras.__version__, 'keras-hub', keras_hub.__version__)"
   else
     pip_in "$VENV" install -q -r tools/colab-tpu-image.txt -r <(tooling_requirements)
     pip_in "$VENV" install -q --no-deps -e .
@@ -81,6 +99,10 @@ fi
 source "$VENV/bin/activate"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if [ "$STACK" = keras3 ]; then
+  export KERAS_BACKEND=jax
+  export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=8"
+fi
 if [ "$STACK" = tpu ]; then
   # Off a TPU VM the TPU build would wait minutes on cloud metadata at import.
   export TPU_SKIP_MDS_QUERY=1

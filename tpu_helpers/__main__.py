@@ -11,11 +11,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="check that TF, tf-keras, transformers and datasets fit together")
     sub.add_parser("plan", help="print the install commands this runtime needs (runs nothing)")
-    sub.add_parser(
+    inst = sub.add_parser(
         "install",
         help="what the notebooks' install cell does: run the plan on Colab or Kaggle, print it"
         " elsewhere",
     )
+    inst.add_argument("--engine", default="tf", help="tf (notebooks 00-07) or keras3 (08)")
     fx = sub.add_parser("fixtures", help="build the offline checkpoints and data sets")
     fx.add_argument("directory", help="where to write them, e.g. build/fixtures")
     fx.add_argument("--seed", type=int, default=0)
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "install":
         from tpu_helpers.runtime import install
 
-        install()
+        install(engine=args.engine)
         return 0
     if args.command == "doctor":
         from tpu_helpers.doctor import doctor

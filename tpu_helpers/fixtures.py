@@ -69,7 +69,7 @@ __all__ = [
 ]
 
 
-FIXTURES_VERSION = 7
+FIXTURES_VERSION = 9
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
@@ -635,6 +635,91 @@ def write_beans(out: Path, seed: int, splits: dict[str, int] | None = None) -> N
     (out / "README.md").write_text(_card(files, features, "Beans-like leaves (synthetic)"))
 
 
+# The Keras 3 engine's references: a fine-tuned-shaped checkpoint (a classifier head for 3
+# labels) of every family that engine trains, and what the TF engine computes with it.
+ENGINE_LABELS = 3
+ENGINE_LEARNING_RATE = 0.5
+#: Weights drawn 15 times wider than transformers' (0.02): a tiny model's logits then
+#: depend on every input token and weight, so a wrong one shows (at 0.02 they are nearly
+#: the same for every row).
+ENGINE_OVERRIDES = {"num_labels": ENGINE_LABELS, "initializer_range": 0.3}
+
+
+def _without_dropout(config):
+    """``config`` with every dropout rate 0: one training step is then the same function in
+    both engines (their dropout masks are drawn from different generators)."""
+    for key, value in config.to_dict().items():
+        if "dropout" in key and isinstance(value, float):
+            setattr(config, key, 0.0)
+    return config
+
+
+def _reference_batch(family: str, tokenizer, corpus: list[str], rng) -> dict:
+    """8 rows padded to one width, with padding (and a second segment for ``bert``)."""
+    import numpy as np
+
+    rows = [corpus[i] for i in rng.choice(len(corpus), 8, replace=False)]
+    if family == "vit":
+        return {"pixel_values": rng.normal(size=(8, 3, 32, 32)).astype("float32")}
+    pairs = rows[4:] + rows[:4] if family in ("bert", "albert") else None
+    enc = tokenizer(rows, pairs, padding="max_length", max_length=40, truncation=True)
+    keep = ["input_ids", "attention_mask"] + (["token_type_ids"] if pairs else [])
+    return {k: np.asarray(enc[k], dtype="int32") for k in keep}
+
+
+def write_engine_references(out: Path, corpus: list[str], seed: int) -> None:
+    """For each family of ``runtime.KERAS3_FAMILIES``: a tiny classifier for
+    ``ENGINE_LABELS`` labels without dropout in the hub's layout (BERT's sharded, with
+    transformers 5's tokenizer files), and ``reference.npz``: a batch, its labels, the TF
+    engine's logits, the loss, and the logits after one SGD step of
+    ``ENGINE_LEARNING_RATE`` on that batch. The Keras 3 engine's tests load the same
+    files and must compute the same numbers."""
+    import numpy as np
+    import tensorflow as tf
+    from transformers import (
+        TFAutoModelForImageClassification,
+        TFAutoModelForSequenceClassification,
+        ViTConfig,
+    )
+
+    from tpu_helpers.runtime import KERAS3_FAMILIES
+
+    rng = np.random.default_rng(seed)
+    for family in KERAS3_FAMILIES:
+        tf.keras.utils.set_random_seed(seed)
+        if family == "vit":
+            config = ViTConfig(**{**TINY_VIT, **ENGINE_OVERRIDES})
+            model, tokenizer = TFAutoModelForImageClassification.from_config(config), None
+        else:
+            tokenizer = train_tokenizer(family, corpus)
+            config = tiny_config(
+                family, len(tokenizer), tokenizer.pad_token_id, **ENGINE_OVERRIDES
+            )
+            model = TFAutoModelForSequenceClassification.from_config(_without_dropout(config))
+        _without_dropout(model.config)
+        features = _reference_batch(family, tokenizer, corpus, rng)
+        labels = rng.integers(0, ENGINE_LABELS, size=8).astype("int32")
+        logits = model(features, training=False).logits.numpy()
+        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(features, training=True).logits)
+        grads = tape.gradient(loss, model.trainable_variables)
+        layout = "pytorch-sharded+transformers5" if family == "bert" else "pytorch"
+        save_checkpoint(out / family, model, tokenizer, layout)  # the weights before the step
+        tf.keras.optimizers.SGD(ENGINE_LEARNING_RATE).apply_gradients(
+            zip(grads, model.trainable_variables, strict=True)
+        )
+        after = model(features, training=False).logits.numpy()
+        np.savez(
+            out / family / "reference.npz",
+            labels=labels,
+            logits=logits,
+            loss=np.float32(loss),
+            logits_after_step=after,
+            **{f"feature_{k}": v for k, v in features.items()},
+        )
+
+
 def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = True) -> dict:
     """Write every fixture under ``directory`` (skipped when already built with ``seed``).
 
@@ -642,7 +727,16 @@ def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = 
     files pass to the notebooks (``model_checkpoint``, ``dataset_name`` ...).
     """
     root = Path(directory).resolve()
-    names = ("tiny-distilbert", "tiny-bert", "cola", "mrpc", "tiny-vit", "beans", "text-corpus")
+    names = (
+        "tiny-distilbert",
+        "tiny-bert",
+        "cola",
+        "mrpc",
+        "tiny-vit",
+        "beans",
+        "text-corpus",
+        "engines",
+    )
     paths = {name: str(root / name) for name in names}
     stamp = root / "fixtures.json"
     wanted = {"version": FIXTURES_VERSION, "seed": seed, "paths": paths}
@@ -663,11 +757,20 @@ def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = 
     )
     write_tiny_vit(staging / "tiny-vit", seed)
     write_text_corpus(staging / "text-corpus")
+    write_engine_references(staging / "engines", corpus, seed)
     for name in paths:
         shutil.rmtree(root / name, ignore_errors=True)
     # Beans paths are absolute, so write them in place after staging the rest.
     write_beans(root / "beans", seed)
-    for name in ("cola", "mrpc", "tiny-distilbert", "tiny-bert", "tiny-vit", "text-corpus"):
+    for name in (
+        "cola",
+        "mrpc",
+        "tiny-distilbert",
+        "tiny-bert",
+        "tiny-vit",
+        "text-corpus",
+        "engines",
+    ):
         (staging / name).rename(root / name)
     staging.rmdir()
     stamp.write_text(json.dumps(wanted, indent=1))

@@ -339,16 +339,23 @@ def load_tokenizer(checkpoint, **kwargs):
     from transformers import AutoConfig, AutoTokenizer
 
     checkpoint = str(checkpoint)
+    try:  # a tokenizer alone (no config.json) is a tokenizer still
+        config = AutoConfig.from_pretrained(checkpoint, **_hub_options(kwargs))
+    except (OSError, ValueError):
+        config = None
     try:
-        return AutoTokenizer.from_pretrained(checkpoint, **kwargs)
+        return _with_token_types(AutoTokenizer.from_pretrained(checkpoint, **kwargs), config)
     except ValueError as error:
         if "does not exist or is not currently imported" not in str(error):
             raise
+        if config is None:
+            raise
         unknown = error
-    model_type = AutoConfig.from_pretrained(checkpoint, **_hub_options(kwargs)).model_type
+    model_type = config.model_type
     logger.info("%s: tokenizer files of another transformers; read as %s's", checkpoint, model_type)
     try:
-        return AutoTokenizer.from_pretrained(checkpoint, tokenizer_type=model_type, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint, tokenizer_type=model_type, **kwargs)
+        return _with_token_types(tokenizer, config)
     except ValueError as error:
         raise CheckpointFormatError(
             f"{checkpoint!r}: its tokenizer_config.json names a tokenizer class this"
@@ -356,6 +363,20 @@ def load_tokenizer(checkpoint, **kwargs):
             f" no tokenizer here either ({error}). Fix: pass a tokenizer of the same"
             " vocabulary, or PreTrainedTokenizerFast(tokenizer_file=.../tokenizer.json)."
         ) from error
+
+
+def _with_token_types(tokenizer, config):
+    """``tokenizer``, giving ``token_type_ids`` when the model has token types to take.
+
+    transformers 5 reads tokenizer files that name ``TokenizersBackend`` as a class that
+    gives only ``input_ids`` and ``attention_mask``; a BERT or ALBERT would then see both
+    sentences of a pair as the first one. The files' template (``tokenizer.json``) still
+    numbers the segments, so asking for them is enough.
+    """
+    names = list(tokenizer.model_input_names)
+    if getattr(config, "type_vocab_size", 0) > 1 and "token_type_ids" not in names:
+        tokenizer.model_input_names = [*names, "token_type_ids"]
+    return tokenizer
 
 
 def save_hub_layout(model, folder, *, max_shard_bytes: int | None = None) -> list[str]:

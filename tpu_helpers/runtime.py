@@ -38,6 +38,13 @@ __all__ = [
     "pip_argv",
     "requirement_names",
     "install",
+    "KERAS_HUB_PIN",
+    "KERAS3_NEEDS",
+    "KERAS3_FAMILIES",
+    "ENGINES",
+    "EngineChoice",
+    "choose_engine",
+    "keras3_install_commands",
 ]
 
 #: Distributions whose versions decide whether the stack works together.
@@ -53,6 +60,9 @@ STACK = (
     "libtpu",
     "tensorboard",
     "tensorboard-plugin-profile",
+    "jax",
+    "jaxlib",
+    "keras-hub",
 )
 
 TRANSFORMERS_PIN = "transformers==4.57.6"
@@ -76,6 +86,35 @@ LIBTPU_PIN = "libtpu==0.0.20"
 PROFILE_PLUGIN_PIN = "tensorboard-plugin-profile==2.24.2"
 #: libtpu releases that load with ``tensorflow-tpu`` 2.20 (first and last, inclusive).
 LIBTPU_KNOWN_GOOD = ((0, 0, 14), (0, 0, 31))
+
+#: KerasHub, which the Keras 3 engine loads hub checkpoints with (``tpu_helpers.keras3``).
+#: Installed ``--no-deps``: it asks for ``tensorflow-text``, which asks for the
+#: ``tensorflow`` distribution and so would replace a runtime's ``tensorflow-cpu``; the
+#: engine never uses tensorflow-text (the checkpoint's own tokenizer tokenizes).
+KERAS_HUB_PIN = "keras-hub==0.32.0"
+#: What the Keras 3 engine imports besides the runtime's JAX: Keras 3 of KerasHub's
+#: version, KerasHub's own requirements but tensorflow-text, ``tokenizers`` and
+#: transformers 5 for the checkpoint's tokenizer, and TensorFlow (any build, CPU is
+#: enough) for ``tf.data`` and TensorBoard's summaries.
+KERAS3_NEEDS = {
+    "keras": "keras>=3.15",
+    "absl-py": "absl-py",
+    "regex": "regex",
+    "rich": "rich",
+    "kagglehub": "kagglehub",
+    "safetensors": "safetensors",
+    "tokenizers": "tokenizers",
+    "sentencepiece": "sentencepiece",
+    "transformers": "transformers>=5",
+    "tensorflow": "tensorflow-cpu==2.20.0",
+}
+#: The ``model_type`` of every checkpoint family the Keras 3 engine trains: those KerasHub
+#: 0.32 converts from the hub's layout and whose classification head
+#: ``tpu_helpers.keras3.HEADS`` rebuilds. Any other family stays on the TF engine.
+KERAS3_FAMILIES = ("albert", "bert", "distilbert", "roberta", "xlm-roberta", "vit")
+#: The two engines: TensorFlow with tf-keras and transformers 4's TF classes (notebooks
+#: 00-07), and Keras 3 on JAX with KerasHub (notebook 08).
+ENGINES = ("tf", "keras3")
 
 #: The TPUs each hosted runtime offers, as its menu names them (checked 2025-09). Notebook
 #: 00 and docs/teaching.md quote these words, and every page that names Kaggle's chip must
@@ -186,9 +225,10 @@ def detect_runtime(
     """
     env = os.environ if environ is None else environ
     mods = sys.modules if modules is None else modules
+    names = dict.fromkeys([*STACK, *KERAS3_NEEDS])
     if versions is None:
-        versions = {name: distribution_version(name) for name in STACK}
-    dists = {name: versions.get(name) for name in STACK}
+        versions = {name: distribution_version(name) for name in names}
+    dists = {name: versions.get(name) for name in names}
 
     on_colab = "google.colab" in mods or "COLAB_RELEASE_TAG" in env
     on_kaggle = "KAGGLE_KERNEL_RUN_TYPE" in env or "KAGGLE_URL_BASE" in env
@@ -215,6 +255,100 @@ def detect_runtime(
         distributions=dists,
         env={k: env[k] for k in _ENV_KEYS if k in env},
     )
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine that trains here (one of ``ENGINES``) and why, in one line."""
+
+    engine: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.engine} engine: {self.reason}"
+
+
+def choose_engine(facts: RuntimeFacts, model_type: str | None = None) -> EngineChoice:
+    """Which engine this runtime (and, given its ``model_type``, this checkpoint) trains on.
+
+    A TPU runtime that ships JAX and no ``tensorflow-tpu`` (Colab's and Kaggle's TPU images
+    since 2025) runs the Keras 3 engine on that JAX and its libtpu, which nothing replaces;
+    so does a machine with Keras 3, JAX and transformers 5 but no tf-keras. Everything else
+    runs the TF engine, and so does a family KerasHub cannot load (``KERAS3_FAMILIES``).
+
+    >>> facts = RuntimeFacts("kaggle", "tpu", distributions={"jax": "0.7.2",
+    ...     "libtpu": "0.0.21", "keras": "3.11.3", "tensorflow-cpu": "2.20.0"})
+    >>> choose_engine(facts).engine, choose_engine(facts, "electra").engine
+    ('keras3', 'tf')
+    """
+    d = facts.distributions
+    if model_type is not None and model_type not in KERAS3_FAMILIES:
+        return EngineChoice(
+            "tf",
+            f"the Keras 3 engine trains {', '.join(KERAS3_FAMILIES)}, not {model_type!r}:"
+            " its checkpoints train on the TF engine (notebooks 01-07)",
+        )
+    keras = minor(d.get("keras"))
+    jax, tf_tpu = d.get("jax"), d.get("tensorflow-tpu")
+    if facts.accelerator == "tpu" and jax and not tf_tpu:
+        return EngineChoice(
+            "keras3",
+            f"this TPU runtime ships JAX {jax} (libtpu {d.get('libtpu') or 'from JAX'}) and no"
+            " tensorflow-tpu; the Keras 3 engine keeps both, where the TF engine would"
+            f" replace the libtpu with {LIBTPU_PIN}",
+        )
+    transformers = minor(d.get("transformers"))
+    if jax and keras and keras >= (3, 0) and transformers and transformers >= (5, 0):
+        if not d.get("tf-keras"):
+            return EngineChoice(
+                "keras3",
+                f"Keras {d['keras']}, JAX {jax} and transformers {d['transformers']} (no TF"
+                " classes) are installed, and no tf-keras",
+            )
+    if facts.accelerator == "tpu" and tf_tpu:
+        return EngineChoice("tf", f"{TENSORFLOW_TPU_PIN.split('==')[0]} {tf_tpu} is installed")
+    return EngineChoice(
+        "tf", "TensorFlow with tf-keras and transformers 4 (no JAX with Keras 3 and transformers 5)"
+    )
+
+
+def keras3_install_commands(facts: RuntimeFacts) -> list[str]:
+    """What the Keras 3 engine lacks on ``facts``' runtime: KerasHub (without its
+    tensorflow-text requirement) and whatever of ``KERAS3_NEEDS`` is missing or too old.
+    The runtime's JAX and libtpu are never touched; with no JAX at all, the CPU one.
+
+    >>> have = {n: "9" for n in KERAS3_NEEDS} | {"jax": "0.7.2", "keras": "3.15.1",
+    ...     "transformers": "5.2.0", "tensorflow-cpu": "2.20.0"}
+    >>> keras3_install_commands(RuntimeFacts("kaggle", "tpu", distributions=have))
+    ['pip install -q --no-deps keras-hub==0.32.0']
+    >>> keras3_install_commands(RuntimeFacts("kaggle", "tpu", distributions=have | {
+    ...     "keras-hub": "0.32.0"}))
+    []
+    """
+    if facts.platform == "local" and facts.accelerator != "tpu":
+        return []
+    d = facts.distributions
+    wanted = []
+    for name, spec in KERAS3_NEEDS.items():
+        have = d.get(name)
+        if name == "tensorflow":
+            have = facts.tensorflow_version
+        elif name == "keras" and have and minor(have) < (3, 15):
+            have = None
+        elif name == "transformers" and have and minor(have) < (5, 0):
+            have = None
+        if not have:
+            wanted.append(shlex.quote(spec))
+    commands = []
+    if not d.get("jax"):
+        commands.append(
+            "pip install -q 'jax[tpu]'" if facts.accelerator == "tpu" else "pip install -q jax"
+        )
+    if wanted:
+        commands.append("pip install -q " + " ".join(wanted))
+    if d.get("keras-hub") != KERAS_HUB_PIN.split("==")[1]:
+        commands.append(f"pip install -q --no-deps {KERAS_HUB_PIN}")
+    return commands
 
 
 def install_commands(facts: RuntimeFacts) -> list[str]:
@@ -295,6 +429,8 @@ _MODULES = {
     "libtpu": "tensorflow",  # loaded by TensorFlow's TPU build, never imported by name
     "tensorboard": "tensorboard",
     "tensorboard-plugin-profile": "tensorboard_plugin_profile",
+    "keras-hub": "keras_hub",
+    "jax": "jax",
 }
 
 
@@ -332,8 +468,12 @@ def requirement_names(command: str) -> list[str]:
 def install(
     facts: RuntimeFacts | None = None,
     run: Callable[..., object] = subprocess.run,
+    engine: str = "tf",
 ) -> list[str]:
-    """Print the install plan for this runtime and carry it out on Colab or Kaggle only.
+    """Print the install plan of ``engine`` (one of ``ENGINES``) for this runtime and carry
+    it out on Colab or Kaggle only. Notebooks 00-07 run the TF engine; notebook 08 the
+    Keras 3 one. Either way it first says which engine this runtime favours and why
+    (``choose_engine``), so a TF notebook on a JAX TPU runtime says what it will replace.
 
     Elsewhere it only prints, so running a notebook locally never touches your packages.
     After installing it sets the environment flags again (``prepare_environment``), so
@@ -345,8 +485,13 @@ def install(
 
     from tpu_helpers._env import prepare_environment
 
+    if engine not in ENGINES:
+        raise ValueError(
+            f"engine={engine!r} is not one of {ENGINES}. Fix: engine='tf' or 'keras3'."
+        )
     facts = facts or detect_runtime()
-    plan = install_commands(facts)
+    print(f"[install] this runtime favours the {choose_engine(facts)}")
+    plan = install_commands(facts) if engine == "tf" else keras3_install_commands(facts)
     if not plan:
         print(f"[install] {facts.platform}/{facts.accelerator}: nothing to install.")
         return plan

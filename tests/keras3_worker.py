@@ -1,0 +1,57 @@
+"""Fine-tune the tiny DistilBERT on the Keras 3 engine with ``keras3.fit_resumable``, for
+``test_keras3``: on notebook 01's bucketed batches of the CoLA-like fixture, 8 devices,
+saving every 3 steps; uninterrupted, or killed with SIGKILL when a step ends
+(``--kill-at``). Writes the final weights (``--out``, .npz).
+
+    python tests/keras3_worker.py FIXTURES --dir CKPT --out weights.npz [--kill-at 7]
+"""
+
+import argparse
+import os
+import signal
+
+import numpy as np
+
+from tpu_helpers import hub, keras3, text
+
+EPOCHS, BATCH, ROWS = 2, 16, 160
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("fixtures")
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--kill-at", type=int, default=0)
+    parser.add_argument("--devices", type=int, default=8)
+    args = parser.parse_args()
+
+    keras3.connect(args.devices)
+    import keras
+
+    checkpoint = f"{args.fixtures}/tiny-distilbert"
+    data = text.load_text_dataset(f"{args.fixtures}/cola")
+    tokenizer = hub.load_tokenizer(checkpoint)
+    rows = text.tokenize(data["train"].select(range(ROWS)), tokenizer, 64)
+    lengths = np.asarray(rows["length"])
+    boundaries = text.choose_boundaries(lengths, max_shapes=3, max_length=64)
+    train = text.text_batches(rows, global_batch=BATCH, boundaries=boundaries, seed=0)
+
+    model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
+    keras3.compile_classifier(model, 1e-3, steps_per_execution=2)
+    done = [0]
+
+    class Killer(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            done[0] += 2  # steps_per_execution: one call per 2 steps
+            if args.kill_at and done[0] >= args.kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    keras3.fit_resumable(
+        model, train, EPOCHS, args.dir, every_steps=3, callbacks=[Killer()], verbose=0
+    )
+    np.savez(args.out, *[np.asarray(v.value) for v in model.weights])
+
+
+if __name__ == "__main__":
+    main()
