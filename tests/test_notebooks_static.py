@@ -10,6 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import readme  # noqa: E402
+import run_notebooks  # noqa: E402
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -101,7 +102,8 @@ def test_install_cell_is_the_shared_one(path):
     code = [c for c in load(path)["cells"] if c["cell_type"] == "code"]
     install = source(code[0])
     assert f'REPO = "{readme.repo_url()}"' in install
-    assert "tpu_helpers.install()" in install
+    engine = run_notebooks.engine_of(path)
+    assert ("tpu_helpers.install()" if engine == "tf" else f'install(engine="{engine}")') in install
     assert '"google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ' in install
 
 
@@ -185,14 +187,17 @@ def test_checkpoints_load_through_hub_and_bfloat16_applies_where_asked(path):
 def test_parameter_files_name_the_per_replica_batch_they_scale(path):
     """``run_notebooks --replicas N`` keeps a run's global batch, per_replica_batch x
     simulated_replicas as its parameter file gives them: both must be written there."""
+    import re
+
     import yaml
 
     cell = next(c for c in load(path)["cells"] if "parameters" in c["metadata"].get("tags", []))
-    if "per_replica_batch =" not in source(cell):
+    batches = set(re.findall(r"^(\w*per_replica_batch) =", source(cell), re.M))
+    if not batches:
         return
     for params in sorted((ROOT / "tests" / "params").glob(f"{path.stem}*.yaml")):
         written = yaml.safe_load(params.read_text())
-        assert {"per_replica_batch", "simulated_replicas"} <= written.keys(), params.name
+        assert {*batches, "simulated_replicas"} <= written.keys(), params.name
 
 
 def _helper_names_used(code: str) -> set[tuple[str, str]]:

@@ -8,6 +8,11 @@
     python tools/run_notebooks.py --exercises --prepare-only --out workshop
                                     # the exercise edition, with the offline parameters
 
+A notebook runs on one engine (``engine_of``): the TF engine (00-07) or the Keras 3 one (08,
+metadata ``tpu_helpers.engine``). A run takes the notebooks of the engine this environment
+favours (``runtime.choose_engine``), or of ``--engine``; ``tools/run.sh`` runs each
+environment in turn and ``--report-all`` writes one report of every executed notebook.
+
 Parameters come from ``tests/params/<notebook stem>.yaml``, and a notebook runs once more for
 each ``tests/params/<notebook stem>.<variant>.yaml`` (written to ``<stem>.<variant>.ipynb``);
 ``${FIXTURES}`` and ``${OUTPUTS}`` in their values become absolute paths (see
@@ -41,6 +46,15 @@ NOTEBOOKS = ROOT / "notebooks"
 PARAMS = ROOT / "tests" / "params"
 
 
+def engine_of(notebook: Path) -> str:
+    """The engine a notebook runs on: ``"tf"`` unless its metadata names another
+    (``{"tpu_helpers": {"engine": "keras3"}}``)."""
+    import json
+
+    metadata = json.loads(notebook.read_text())["metadata"]
+    return metadata.get("tpu_helpers", {}).get("engine", "tf")
+
+
 def runs_of(notebook: Path) -> list[tuple[str, Path]]:
     """``(run name, parameter file)`` per run of a notebook: ``<stem>.yaml`` (run name
     ``<stem>``), then each variant ``<stem>.<variant>.yaml`` (run ``<stem>.<variant>``),
@@ -68,19 +82,22 @@ def check_replicas(replicas: int) -> None:
 
 def at_replicas(parameters: dict, replicas: int, name: str = "the parameters") -> dict:
     """A run's parameters on ``replicas`` simulated replicas (``simulated_replicas``, and
-    ``replicas``, the TPU a notebook plans for), with the same global batch: the parameter
+    ``replicas``, the TPU a notebook plans for), with the same global batches (each
+    ``*per_replica_batch`` parameter scaled): the parameter
     file chose the sizes (how many steps an epoch takes), the replica count is the shape."""
     check_replicas(replicas)
     out = dict(parameters)
-    if "simulated_replicas" in out and "per_replica_batch" in out:
-        global_batch = out["per_replica_batch"] * max(out["simulated_replicas"], 1)
-        if global_batch % replicas:
-            raise ValueError(
-                f"{name}: a global batch of {global_batch} does not split over {replicas}"
-                f" replicas. Fix: a per_replica_batch there that {replicas} divides after"
-                " scaling, or another replica count."
-            )
-        out["per_replica_batch"] = global_batch // replicas
+    batches = [k for k in out if k.endswith("per_replica_batch")]  # image_per_replica_batch
+    if "simulated_replicas" in out:
+        for key in batches:
+            global_batch = out[key] * max(out["simulated_replicas"], 1)
+            if global_batch % replicas:
+                raise ValueError(
+                    f"{name}: a global batch of {global_batch} ({key}) does not split over"
+                    f" {replicas} replicas. Fix: a {key} there that {replicas} divides after"
+                    " scaling, or another replica count."
+                )
+            out[key] = global_batch // replicas
     for key in ("simulated_replicas", "replicas"):
         if key in out:
             out[key] = replicas
@@ -147,6 +164,17 @@ def main(argv: list[str] | None = None) -> int:
         " --set simulated_replicas=8 --set mixed_bfloat16=true)",
     )
     parser.add_argument(
+        "--engine",
+        choices=("tf", "keras3"),
+        default=None,
+        help="the notebooks of this engine (default: the one this environment favours)",
+    )
+    parser.add_argument(
+        "--report-all",
+        action="store_true",
+        help="report every executed notebook in the output folder, not only this run's",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         default=min(os.cpu_count() or 1, 4),
@@ -171,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     import tpu_helpers  # noqa: F401  (environment flags)
     from tpu_helpers.fixtures import build_fixtures
     from tpu_helpers.report import build_report
+    from tpu_helpers.runtime import choose_engine, detect_runtime
+
+    engine = args.engine or choose_engine(detect_runtime()).engine
 
     build = Path(args.build).resolve()
     out = Path(args.out).resolve() if args.out else build / "notebooks"
@@ -178,15 +209,19 @@ def main(argv: list[str] | None = None) -> int:
     build_fixtures(build / "fixtures")
 
     source = NOTEBOOKS / "exercises" if args.exercises else NOTEBOOKS
-    notebooks = sorted(source.glob("[0-9][0-9]_*.ipynb"))
+    notebooks = [nb for nb in sorted(source.glob("[0-9][0-9]_*.ipynb")) if engine_of(nb) == engine]
     if not args.prepare_only:  # a fresh run: nothing resumes an earlier run's checkpoints
-        shutil.rmtree(out / "outputs", ignore_errors=True)
+        for nb in notebooks:  # (what other engines' notebooks wrote stays)
+            for old in (out / "outputs").glob(f"{nb.name[:2]}_*"):
+                shutil.rmtree(old, ignore_errors=True)
     runs = [(nb, name, params) for nb in notebooks for name, params in runs_of(nb)]
     if args.only:  # a prefix of a run's name: "01" is notebook 01 and its variants
         runs = [run for run in runs if any(run[1].startswith(o) for o in args.only)]
     if args.no_variants:
         runs = [run for run in runs if run[1] == run[0].stem]
-    jobs = 1 if args.prepare_only else min(args.jobs, len(runs))
+    if not runs:
+        print(f"no {engine}-engine notebook matches {args.only or 'the notebooks'}")
+    jobs = 1 if args.prepare_only else max(1, min(args.jobs, len(runs)))
     calls = [
         dict(
             notebook=str(nb),
@@ -203,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = [path.name for path, error in zip(executed, errors, strict=True) if error]
     if not args.prepare_only:
         print(f"all {len(runs)} runs: {time.time() - start:.0f} s, {jobs} at a time", flush=True)
-        summaries = build_report(executed, build / "report", title="Notebooks on CPU (offline)")
+        reported = sorted(out.glob("[0-9][0-9]_*.ipynb")) if args.report_all else executed
+        summaries = build_report(reported, build / "report", title="Notebooks on CPU (offline)")
         for s in summaries:
             print(
                 f"  {s['name']}: {s['status']}, "

@@ -692,9 +692,7 @@ def write_engine_references(out: Path, corpus: list[str], seed: int) -> None:
             model, tokenizer = TFAutoModelForImageClassification.from_config(config), None
         else:
             tokenizer = train_tokenizer(family, corpus)
-            config = tiny_config(
-                family, len(tokenizer), tokenizer.pad_token_id, **ENGINE_OVERRIDES
-            )
+            config = tiny_config(family, len(tokenizer), tokenizer.pad_token_id, **ENGINE_OVERRIDES)
             model = TFAutoModelForSequenceClassification.from_config(_without_dropout(config))
         _without_dropout(model.config)
         features = _reference_batch(family, tokenizer, corpus, rng)

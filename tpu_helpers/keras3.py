@@ -11,7 +11,8 @@ devices JAX finds, and every ``tpu_helpers`` pipeline (a ``pipeline.Batches``) f
 their places.
 
 =====================  ===============================================================
-``connect``            the devices a batch is split over (simulated CPU devices too)
+``devices``            the devices a batch is split over (simulated CPU devices too)
+``connect``            ``keras.distribution.DataParallel`` over them, made global
 ``classifier``         encoder + head from a checkpoint, as ``keras.Model``
 ``compile_classifier`` the optimizer, loss and weighted accuracy of the TF notebooks
 ``fit_resumable``      one ``fit`` per epoch, saved every few steps, resumed mid-epoch
@@ -43,6 +44,7 @@ __all__ = [
     "EngineError",
     "Head",
     "HEADS",
+    "devices",
     "connect",
     "replicas",
     "checkpoint_folder",
@@ -50,6 +52,7 @@ __all__ = [
     "compile_classifier",
     "ResumePoint",
     "fit_resumable",
+    "predict_classes",
 ]
 
 
@@ -76,34 +79,43 @@ def _keras():
     return keras
 
 
-def connect(simulated_replicas: int = 0):
-    """Split every batch over the devices JAX finds: all the TPU's chips (one on Colab's free
+def devices(simulated_replicas: int = 0) -> list:
+    """The devices to split batches over: every chip JAX finds on a TPU (one on Colab's free
     v5e-1, eight on Kaggle's v5e-8), or ``simulated_replicas`` CPU devices off a TPU.
 
     CPU devices exist only if ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` was set
-    before JAX started; this sets it when JAX has not started yet. Returns the
-    ``keras.distribution.DataParallel`` it made the global distribution.
+    before JAX started; this sets it when JAX has not started yet, and Keras' backend to
+    JAX when Keras has not been imported yet.
     """
     if simulated_replicas and "jax" not in sys.modules:
         flag = f"--xla_force_host_platform_device_count={simulated_replicas}"
         if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
             os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
-    keras = _keras()
+    _keras()
     import jax
 
-    devices = jax.devices()
-    if simulated_replicas and devices[0].platform == "cpu":
-        if len(devices) < simulated_replicas:
+    found = jax.devices()
+    if simulated_replicas and found[0].platform == "cpu":
+        if len(found) < simulated_replicas:
             raise EngineError(
                 f"simulated_replicas={simulated_replicas}, but JAX started with"
-                f" {len(devices)} CPU device(s). Fix: restart the session and set"
+                f" {len(found)} CPU device(s). Fix: restart the session and set"
                 f" XLA_FLAGS=--xla_force_host_platform_device_count={simulated_replicas}"
-                " before JAX is imported (keras3.connect does it when it runs first)."
+                " before JAX is imported (keras3.devices does it when it runs first)."
             )
-        devices = devices[:simulated_replicas]
-    distribution = keras.distribution.DataParallel(devices=devices)
+        found = found[:simulated_replicas]
+    print(f"[keras3] {len(found)} {found[0].platform.upper()} device(s), JAX {jax.__version__}")
+    return found
+
+
+def connect(simulated_replicas: int = 0):
+    """Split every batch over ``devices(simulated_replicas)``: returns the
+    ``keras.distribution.DataParallel`` it made the global distribution (weights copied to
+    every device, each global batch split along its first axis, one slice per device)."""
+    found = devices(simulated_replicas)
+    keras = _keras()
+    distribution = keras.distribution.DataParallel(devices=found)
     keras.distribution.set_distribution(distribution)
-    print(f"[keras3] {len(devices)} {devices[0].platform.upper()} device(s), JAX {jax.__version__}")
     return distribution
 
 
@@ -240,9 +252,7 @@ class _Reader:
         found = sorted((k for k in self.where if k.endswith("." + name)), key=len)
         return found[0] if found else None
 
-    def get_tensor(self, name: str) -> np.ndarray:
-        from safetensors import safe_open
-
+    def _full(self, name: str) -> str:
         full = self.find(name)
         if full is None:
             raise CheckpointFormatError(
@@ -251,11 +261,25 @@ class _Reader:
                 " needs (another architecture than config.json names, or a dropped tensor)."
                 " Fix: a checkpoint whose weights match its config.json."
             )
+        return full
+
+    def _archive(self, full: str):
+        from safetensors import safe_open
+
         file = self.where[full]
         if file not in self._open:
             self._open[file] = safe_open(self.folder / file, framework="np")
+        return self._open[file]
+
+    def shape(self, name: str) -> list[int]:
+        """A tensor's shape, from the file's header (the tensor itself is not read)."""
+        full = self._full(name)
+        return self._archive(full).get_slice(full).get_shape()
+
+    def get_tensor(self, name: str) -> np.ndarray:
+        full = self._full(name)
         self.read.add(full)
-        return self._open[file].get_tensor(full)
+        return self._archive(full).get_tensor(full)
 
     def port_weight(self, keras_variable, hf_weight_key, hook_fn=None):
         if self.find(hf_weight_key) is None and hf_weight_key.startswith(self.optional):
@@ -365,43 +389,42 @@ def classifier(
         x = layer(x)
         layers.append((name, layer))
     model = keras.Model(inputs, x, name=f"{family}_classifier")
-    _load_head(model, layers, reader, saved_labels, num_labels, ignore_mismatched_sizes, checkpoint)
+    loaded = _load_head(model, layers, reader, num_labels, ignore_mismatched_sizes, checkpoint)
     if verbose:
-        _say_what_was_read(checkpoint, reader, layers)
+        _say_what_was_read(checkpoint, reader, layers, loaded)
     return model
 
 
-def _load_head(model, layers, reader, saved_labels, num_labels, ignore_mismatched, checkpoint):
-    found = {name: reader.find(f"{name}.weight") for name, _ in layers}
-    if not all(found.values()):
-        return  # a base checkpoint: the head starts at random
-    classifier_weight = reader.get_tensor(layers[-1][0] + ".weight")
-    if classifier_weight.shape[0] != num_labels:
+def _load_head(model, layers, reader, num_labels, ignore_mismatched, checkpoint) -> bool:
+    """Read the head's weights when the file holds a head of ``num_labels`` classes; True if
+    it did, False for a new head (a base checkpoint, or other labels and
+    ``ignore_mismatched``)."""
+    if not all(reader.find(f"{name}.weight") for name, _ in layers):
+        return False
+    saved = reader.shape(layers[-1][0] + ".weight")[0]
+    if saved != num_labels:
         if ignore_mismatched:
-            return
+            return False
         raise CheckpointFormatError(
-            f"{checkpoint!r} has a classifier for {classifier_weight.shape[0]} labels, and"
-            f" {num_labels} were asked for. Fix: pass ignore_mismatched_sizes=True to start"
-            " a new head, or num_labels equal to the checkpoint's."
+            f"{checkpoint!r} has a classifier for {saved} labels, and {num_labels} were asked"
+            " for. Fix: pass ignore_mismatched_sizes=True to start a new head, or num_labels"
+            " equal to the checkpoint's."
         )
     for name, layer in layers:
         kernel = reader.get_tensor(f"{name}.weight").T  # PyTorch: [out, in]; Keras: [in, out]
         layer.set_weights([kernel, reader.get_tensor(f"{name}.bias")])
+    return True
 
 
-def _say_what_was_read(checkpoint, reader, layers) -> None:
-    new = [name for name, _ in layers if not reader.find(f"{name}.weight")]
-    new += [name for name, _ in layers if reader.find(f"{name}.weight") not in reader.read]
+def _say_what_was_read(checkpoint, reader, layers, head_loaded: bool) -> None:
     if reader.skipped:
         print(f"[keras3] {checkpoint}: not in the file, so newly initialised: {reader.skipped}")
-    if new:
-        print(f"[keras3] {checkpoint}: a new head, newly initialised: {sorted(set(new))}")
+    if not head_loaded:
+        print(f"[keras3] {checkpoint}: a new head, newly initialised: {[n for n, _ in layers]}")
     unread = reader.unread()
     if unread:
         shown = ", ".join(unread[:4]) + (" ..." if len(unread) > 4 else "")
-        print(
-            f"[keras3] {checkpoint}: {len(unread)} tensor(s) not used (another task's head): {shown}"
-        )
+        print(f"[keras3] {checkpoint}: {len(unread)} tensor(s) of the file not used: {shown}")
 
 
 def compile_classifier(
@@ -567,6 +590,7 @@ def fit_resumable(
                 steps_per_epoch=steps - first,
                 epochs=1,
                 verbose=verbose,
+                shuffle=False,  # each epoch's batches come shuffled by the pipeline's seed
                 callbacks=[saver, *callbacks],
             ).history
             for key, values in logs.items():
@@ -580,3 +604,16 @@ def fit_resumable(
             for key, value in result.items():
                 history.setdefault(f"val_{key}", []).append(value)
     return history
+
+
+def predict_classes(model, batches) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One epoch of ``batches`` through ``model``, split over the devices as in ``fit``:
+    ``(labels, predictions, weights)`` as flat arrays, as ``metrics.predict_classes``
+    gives them on the TF engine (weight 0 marks the fillers of a last batch)."""
+    batches = require_batches(batches, "keras3.predict_classes")
+    labels, predictions, weights = [], [], []
+    for features, y, w in batches.dataset(0).take(batches.steps_per_epoch).as_numpy_iterator():
+        predictions.append(np.argmax(np.asarray(model.predict_on_batch(features)), axis=-1))
+        labels.append(y)
+        weights.append(w)
+    return np.concatenate(labels), np.concatenate(predictions), np.concatenate(weights)

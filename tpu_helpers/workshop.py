@@ -22,6 +22,7 @@ __all__ = [
     "check_split",
     "check_widths",
     "check_compiled",
+    "check_data_parallel",
     "check_global_batch",
     "check_replica_loss",
     "check_parse_spec",
@@ -208,10 +209,13 @@ def check_compiled(
     ids that takes logits, metrics that count the weight-0 filler rows as nothing and,
     when given, ``steps_per_execution`` steps per call."""
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or getattr(model, "compiled_loss", None) is None:
+    if optimizer is None:
         _fail(exercise, "the model is not compiled: call model.compile(...).")
-    per_call = getattr(model, "_steps_per_execution", None)
-    per_call = int(per_call.numpy()) if per_call is not None else 1
+    per_call = getattr(model, "_steps_per_execution", None)  # tf-keras: a variable
+    if per_call is not None:
+        per_call = int(per_call.numpy())
+    else:  # Keras 3
+        per_call = int(getattr(model, "steps_per_execution", 1) or 1)
     problem = (
         _optimizer_problem(optimizer, learning_rate)
         or _loss_problem(getattr(model, "loss", None), bool(getattr(model, "_using_dummy_loss", 0)))
@@ -225,10 +229,8 @@ def check_compiled(
 
 
 def _learning_rate_of(optimizer) -> float:
-    import tensorflow as tf
-
     rate = optimizer.learning_rate
-    return float(rate(0)) if callable(rate) else float(tf.keras.backend.get_value(rate))
+    return float(rate(0)) if callable(rate) else float(np.asarray(rate))
 
 
 def _optimizer_problem(optimizer, learning_rate: float) -> str | None:
@@ -274,7 +276,12 @@ def _loss_problem(loss, models_own_loss: bool = False) -> str | None:
 
 
 def _weighted_metrics_problem(model) -> str | None:
-    if not getattr(model.compiled_metrics, "_user_weighted_metrics", None):  # tf-keras
+    compiled = getattr(model, "_compile_config", None)  # Keras 3: compile's own arguments
+    if compiled is not None:
+        weighted = compiled.config.get("weighted_metrics")
+    else:  # tf-keras
+        weighted = getattr(model.compiled_metrics, "_user_weighted_metrics", None)
+    if not weighted:
         return (
             "no weighted_metrics: the last batch is completed with copies weighted 0, and"
             " plain metrics count them. Pass weighted_metrics=['accuracy']."
@@ -898,3 +905,32 @@ def check_restarted_positions(positions: Callable, exercise: str = "07.2") -> No
             f" not {int(want[r, i])}.{hint}",
         )
     _ok(exercise, "positions restart at 0 at every example")
+
+
+# --- 08 ---------------------------------------------------------------------------------
+def check_data_parallel(distribution, devices, exercise: str = "08.1") -> None:
+    """Keras 3's data parallelism over exactly ``devices``, made the global distribution,
+    splitting a batch's first axis over them (weights copied whole to each)."""
+    import keras
+
+    if not isinstance(distribution, keras.distribution.DataParallel):
+        _fail(
+            exercise,
+            f"distribution is a {type(distribution).__name__}: data parallelism (a copy of"
+            " the weights on every chip, the batch split between them) is"
+            " keras.distribution.DataParallel(devices=devices).",
+        )
+    mesh = np.asarray(distribution.device_mesh.devices).ravel().tolist()
+    if mesh != list(devices):
+        _fail(
+            exercise,
+            f"the distribution spans {len(mesh)} device(s), not the {len(devices)} of"
+            " `devices`: pass devices=devices.",
+        )
+    if keras.distribution.distribution() is not distribution:
+        _fail(
+            exercise,
+            "the distribution is made but not used: fit uses the global one, set with"
+            " keras.distribution.set_distribution(distribution).",
+        )
+    _ok(exercise, f"each batch is split over {len(mesh)} device(s) along its first axis")
