@@ -14,7 +14,7 @@ def test_doctor_passes_on_the_pinned_stack():
     result = cli("doctor")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS  tf-keras" in result.stdout and "FAIL" not in result.stdout
-    assert result.stdout.rstrip().endswith(f"doctor: {len(CHECKS)} checks, 0 failing")
+    assert result.stdout.rstrip().endswith(f"doctor: {len(CHECKS) + 1} checks, 0 failing")
 
 
 def test_doctor_exits_non_zero_when_a_check_fails():

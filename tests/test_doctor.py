@@ -47,9 +47,9 @@ def by_name(checks):
 
 def test_good_environment_passes_every_check(capsys):
     checks = d.doctor(facts())
-    assert len(checks) == len(d.CHECKS) and all(c.ok for c in checks)
+    assert len(checks) == len(d.CHECKS) + 1 and all(c.ok for c in checks)
     out = capsys.readouterr().out
-    assert out.count("PASS") == len(d.CHECKS) and "FAIL" not in out
+    assert out.count("PASS") == len(d.CHECKS) + 1 and "FAIL" not in out
 
 
 def test_tpu_vm_with_tpu_build_passes():
@@ -147,3 +147,32 @@ def test_a_version_string_that_cannot_be_read_is_a_failing_check_not_a_crash(pac
     name = "transformers" if package == "transformers" else "datasets"
     assert checks[name].status == d.FAIL
     assert "'dev' cannot be read" in checks[name].detail and "pip install" in checks[name].fix
+
+
+KAGGLE_TPU = {
+    "tensorflow-cpu": "2.20.0",
+    "jax": "0.7.2",
+    "libtpu": "0.0.21",
+    "keras": "3.15.1",
+    "keras-hub": "0.32.0",
+    "transformers": "5.2.0",
+    "datasets": "4.4.1",
+    "huggingface-hub": "1.2.0",
+}
+
+
+def test_a_jax_tpu_runtime_gets_the_keras3_engine_checks_and_says_why(capsys):
+    checks = by_name(d.doctor(facts("tpu", KAGGLE_TPU, jax_platforms=("tpu",))))
+    assert "keras3 engine" in checks["engine"].detail and "JAX 0.7.2" in checks["engine"].detail
+    assert set(checks) == {"engine", "keras 3 engine", "jax devices", "datasets"}
+    assert all(c.ok for c in checks.values()), capsys.readouterr().out
+    assert "tf-keras" not in checks  # the TF engine's checks are not this runtime's
+
+
+def test_the_keras3_checks_name_what_is_missing_and_the_fix():
+    lacking = dict(KAGGLE_TPU, **{"keras-hub": None, "keras": "3.10.0"})
+    checks = by_name(d.doctor(facts("tpu", lacking, jax_platforms=("cpu",)), verbose=False))
+    engine = checks["keras 3 engine"]
+    assert not engine.ok and "keras 3.10.0" in engine.detail and "keras-hub None" in engine.detail
+    assert "--engine keras3" in engine.fix
+    assert not checks["jax devices"].ok and "cpu" in checks["jax devices"].detail

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# All tests, on both stacks: the unit tests, then every notebook run cell by cell by nbval
+# All tests, on every stack: the unit tests, then every notebook run cell by cell by nbval
 # with its CPU parameters (prepared by papermill into build/nbval-<stack>).
 #
-#   bash tools/test.sh                 # the CPU stack and the TPU stack, side by side
-#   bash tools/test.sh --stack cpu     # one stack: cpu (.venv) or tpu (.venv-tpu)
+#   bash tools/test.sh                 # the three stacks, side by side
+#   bash tools/test.sh --stack cpu     # one stack: cpu (.venv), tpu (.venv-tpu), keras3
 #   bash tools/test.sh --stack tpu -k records    # further arguments go to pytest
 #
 # The TPU stack is Python 3.12 with tensorflow-tpu and libtpu, installed by the notebooks'
-# own install plan for a Colab TPU runtime (see tools/env.sh); it runs on the CPU.
+# own install plan for a Colab TPU runtime (see tools/env.sh); it runs on the CPU. The
+# Keras 3 stack is Python 3.12 shaped like Kaggle's TPU image (JAX, Keras 3,
+# transformers 5, tensorflow-cpu), completed by notebook 08's install plan; JAX sees 8
+# CPU devices. Its leg runs the Keras 3 engine's tests and notebook 08 (see keras3_leg).
 #
 # Both legs run at once: most of a leg's time is single-threaded (Python, tracing, XLA
 # compilation, new interpreters), so on a 2-core machine one leg used about one core.
@@ -20,7 +23,7 @@
 # when both have ended.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-stacks=(cpu tpu)
+stacks=(cpu tpu keras3)
 if [ "${1:-}" = "--stack" ]; then
   stacks=("$2")
   shift 2
@@ -32,6 +35,10 @@ leg() {
   export STACK="$stack"
   source tools/env.sh
   rm -rf "build/nbval-$stack" "build/pytest-$stack"
+  if [ "$stack" = keras3 ]; then
+    keras3_leg "$@"
+    return
+  fi
   local extra=() variants=()
   # The install-plan dry runs ask the package index about other runtimes, and the
   # exercise notebooks run to their first stub (cells that nbval runs on both stacks in
@@ -40,10 +47,10 @@ leg() {
   # legs about as long. The same holds for the parameter variants of a notebook (notebook
   # 01 on sentence pairs, CPU leg): its code paths run on both legs with the main ones.
   # One stack alone runs everything.
-  if [ "${#stacks[@]}" -eq 2 ] && [ "$stack" = tpu ]; then
+  if both_tf_stacks && [ "$stack" = tpu ]; then
     extra=(-m "not package_index")
     variants=(--no-variants)
-  elif [ "${#stacks[@]}" -eq 2 ]; then
+  elif both_tf_stacks; then
     extra=(-m "not exercise_run")
   fi
   # The runs users make: one replica (Colab's free TPU, one v5e chip; a CPU runtime) and
@@ -71,12 +78,37 @@ leg() {
       for n in "${one[@]}"; do only+=(--only "$n"); done
       only+=("${variants[@]}")
     fi
-    python tools/run_notebooks.py --prepare-only --out "build/nbval-$stack" "${only[@]}" \
-      --replicas "$replicas" "${precision[@]}"
+    python tools/run_notebooks.py --prepare-only --engine tf --out "build/nbval-$stack" \
+      "${only[@]}" --replicas "$replicas" "${precision[@]}"
   done
   python -m pytest tests "build/nbval-$stack" --nbval-lax --nbval-current-env \
     --nbval-cell-timeout=900 -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=25 \
     "${extra[@]}" "$@"
+}
+
+both_tf_stacks() {
+  [[ " ${stacks[*]} " == *" cpu "* && " ${stacks[*]} " == *" tpu "* ]]
+}
+
+# The Keras 3 leg: the engine's tests (against the TF engine's numbers in the fixtures),
+# the engine choice and install plans, the exercise edition of notebook 08 to its first
+# stub, and notebook 08 cell by cell at eight devices (Kaggle's v5e-8) and at one (Colab's
+# v5e-1), in bfloat16 (its default). It runs beside the two TensorFlow legs at a lower
+# priority: they leave a core idle for minutes at a time (single-threaded tracing and
+# compiling), which this leg takes. JAX's persistent compilation cache lives for the leg
+# (the text part's compilations serve the records part: 162 s to 100 s for notebook 08).
+keras3_leg() {
+  renice -n 10 -p "$BASHPID" > /dev/null
+  export JAX_COMPILATION_CACHE_DIR="$PWD/build/jax-cache"
+  rm -rf "$JAX_COMPILATION_CACHE_DIR"
+  local replicas
+  for replicas in 8 1; do
+    python tools/run_notebooks.py --prepare-only --engine keras3 \
+      --out "build/nbval-keras3/at-$replicas" --replicas "$replicas"
+  done
+  python -m pytest tests/test_keras3.py tests/test_runtime.py tests/test_exercises.py \
+    build/nbval-keras3 --nbval-lax --nbval-current-env --nbval-cell-timeout=900 \
+    -p no:cacheprovider --basetemp build/pytest-keras3 --durations=15 "$@"
 }
 
 # side_by_side STEP NAME [ARGS]: STEP "$stack" [ARGS] for every stack at once, each
@@ -100,10 +132,14 @@ side_by_side() {
 }
 
 # An environment, and the offline fixtures with the first one as soon as it is there.
+# The fixtures hold the TF engine's reference numbers, so a Keras 3 leg alone builds them
+# in the CPU stack.
 prepare() {
   STACK="$1" && source tools/env.sh
-  if [ "$1" = "${stacks[0]}" ]; then
+  if [ "$1" = "${stacks[0]}" ] && [ "$1" != keras3 ]; then
     python -m tpu_helpers fixtures build/fixtures
+  elif [ "$1" = keras3 ] && [ "${#stacks[@]}" -eq 1 ]; then
+    (STACK=cpu && source tools/env.sh && python -m tpu_helpers fixtures build/fixtures)
   fi
 }
 
@@ -129,5 +165,5 @@ fi
 start=$SECONDS
 failed=0
 side_by_side timed_leg test "$@" || failed=1
-echo "=== both stacks: $((SECONDS - start)) s side by side"
+echo "=== all stacks: $((SECONDS - start)) s side by side"
 exit "$failed"

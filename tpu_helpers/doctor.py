@@ -15,11 +15,13 @@ from tpu_helpers.checks import FAIL, PASS, Check, first_line
 from tpu_helpers.runtime import (
     DATASETS_SPEC,
     HUB_SPEC,
+    KERAS_HUB_PIN,
     LIBTPU_KNOWN_GOOD,
     LIBTPU_PIN,
     TENSORFLOW_TPU_PIN,
     TRANSFORMERS_PIN,
     RuntimeFacts,
+    choose_engine,
     detect_runtime,
     libtpu_loads,
     minor,
@@ -36,7 +38,11 @@ __all__ = [
     "tensorflow_tpu_recognised_check",
     "libtpu_check",
     "datasets_sees_tf_check",
+    "engine_check",
+    "keras3_check",
+    "jax_devices_check",
     "CHECKS",
+    "KERAS3_CHECKS",
     "gather_facts",
     "doctor",
 ]
@@ -54,6 +60,7 @@ class DoctorFacts:
         transformers_sees_tf: ``transformers.utils.is_tf_available()``.
         device_types: device types TensorFlow lists (``"CPU"``, ``"GPU"``, ``"TPU"``).
         datasets_sees_tf: ``datasets.config.TF_AVAILABLE`` (``None`` without datasets).
+        jax_platforms: the platforms of the devices JAX finds (the Keras 3 engine's).
     """
 
     runtime: RuntimeFacts
@@ -63,6 +70,7 @@ class DoctorFacts:
     transformers_sees_tf: bool | None = None
     device_types: tuple[str, ...] = field(default_factory=tuple)
     datasets_sees_tf: bool | None = None
+    jax_platforms: tuple[str, ...] = field(default_factory=tuple)
 
 
 def tensorflow_check(f: DoctorFacts) -> Check:
@@ -223,6 +231,60 @@ def datasets_sees_tf_check(f: DoctorFacts) -> Check:
     )
 
 
+def engine_check(f: DoctorFacts) -> Check:
+    """Which engine this runtime favours, and why (``runtime.choose_engine``)."""
+    return Check("engine", PASS, str(choose_engine(f.runtime)))
+
+
+def keras3_check(f: DoctorFacts) -> Check:
+    """Keras 3 (of KerasHub's version), KerasHub, JAX, transformers 5 and a TensorFlow for
+    ``tf.data``: what ``tpu_helpers.keras3`` imports."""
+    d = f.runtime.distributions
+    hub = KERAS_HUB_PIN.split("==")[1]
+    problems = [
+        f"keras {d.get('keras')}" if (minor(d.get("keras")) or (0, 0)) < (3, 15) else "",
+        f"keras-hub {d.get('keras-hub')} (not {hub})" if d.get("keras-hub") != hub else "",
+        "no jax" if not d.get("jax") else "",
+        f"transformers {d.get('transformers')}"
+        if (minor(d.get("transformers")) or (0, 0)) < (5, 0)
+        else "",
+        "no TensorFlow (tf.data)" if not f.runtime.tensorflow_build else "",
+    ]
+    problems = [p for p in problems if p]
+    if problems:
+        fix = "python -m tpu_helpers install --engine keras3 (what notebook 08's install cell runs)"
+        return Check("keras 3 engine", FAIL, "; ".join(problems), fix)
+    return Check(
+        "keras 3 engine",
+        PASS,
+        f"keras {d['keras']}, keras-hub {hub}, jax {d['jax']}, transformers {d['transformers']}",
+    )
+
+
+def jax_devices_check(f: DoctorFacts) -> Check:
+    """On a TPU runtime, JAX finds the TPU (its libtpu loads)."""
+    if f.runtime.accelerator != "tpu":
+        return Check(
+            "jax devices", PASS, f"not a TPU runtime: {', '.join(f.jax_platforms) or 'none'}"
+        )
+    if "tpu" in f.jax_platforms:
+        return Check("jax devices", PASS, "TPU devices visible to JAX")
+    return Check(
+        "jax devices",
+        FAIL,
+        f"a TPU runtime, and JAX finds {', '.join(f.jax_platforms) or 'no device'}",
+        "Runtime -> Restart session (a libtpu another package installed may hold the TPU),"
+        " and check that nothing replaced the runtime's own jax and libtpu",
+    )
+
+
+#: The checks of the Keras 3 engine's stack (``doctor`` runs them where it is favoured).
+KERAS3_CHECKS: tuple[Callable[[DoctorFacts], Check], ...] = (
+    keras3_check,
+    jax_devices_check,
+    datasets_check,
+)
+
 CHECKS: tuple[Callable[[DoctorFacts], Check], ...] = (
     tensorflow_check,
     tf_keras_check,
@@ -259,6 +321,14 @@ def gather_facts() -> DoctorFacts:
             from transformers import TFAutoModel  # noqa: F401
     except Exception as err:  # noqa: BLE001 - reported, not raised
         tf_error = tf_error or f"{type(err).__name__}: {first_line(err)}"
+    jax_platforms: tuple[str, ...] = ()
+    if choose_engine(runtime).engine == "keras3":
+        try:
+            import jax
+
+            jax_platforms = tuple(sorted({device.platform for device in jax.devices()}))
+        except Exception:  # noqa: BLE001 - no JAX device is what the check reports
+            jax_platforms = ()
     datasets_sees_tf = None
     if runtime.distributions.get("datasets"):
         try:
@@ -275,18 +345,22 @@ def gather_facts() -> DoctorFacts:
         sees_tf,
         tuple(sorted(device_types)),
         datasets_sees_tf,
+        jax_platforms,
     )
 
 
 def doctor(facts: DoctorFacts | None = None, verbose: bool = True) -> list[Check]:
-    """Run every check, print one line each (with the fix on FAIL) and return them.
+    """Run the checks of the engine this runtime favours (``CHECKS`` for the TF engine,
+    ``KERAS3_CHECKS`` for Keras 3 on JAX) after the one saying which and why, print one
+    line each (with the fix on FAIL) and return them.
 
     >>> checks = doctor(verbose=False)                 # doctest: +SKIP
     >>> all(c.ok for c in checks)                      # doctest: +SKIP
     True
     """
     facts = facts or gather_facts()
-    checks = [check(facts) for check in CHECKS]
+    chosen = KERAS3_CHECKS if choose_engine(facts.runtime).engine == "keras3" else CHECKS
+    checks = [check(facts) for check in (engine_check, *chosen)]
     if verbose:
         for c in checks:
             print(c.line())
