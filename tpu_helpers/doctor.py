@@ -279,11 +279,7 @@ def jax_devices_check(f: DoctorFacts) -> Check:
 
 
 #: The checks of the Keras 3 engine's stack (``doctor`` runs them where it is favoured).
-KERAS3_CHECKS: tuple[Callable[[DoctorFacts], Check], ...] = (
-    keras3_check,
-    jax_devices_check,
-    datasets_check,
-)
+KERAS3_CHECKS: tuple[Callable[[DoctorFacts], Check], ...] = (keras3_check, jax_devices_check)
 
 CHECKS: tuple[Callable[[DoctorFacts], Check], ...] = (
     tensorflow_check,
