@@ -14,7 +14,7 @@ import numpy as np
 
 from tpu_helpers import hub, keras3, text
 
-EPOCHS, BATCH, ROWS = 2, 16, 160
+EPOCHS, BATCH, ROWS = 2, 16, 96
 
 
 def main():
