@@ -1,12 +1,13 @@
 """Fine-tune the tiny DistilBERT on the Keras 3 engine with ``keras3.fit_resumable``, for
 ``test_keras3``: on notebook 01's bucketed batches of the CoLA-like fixture, 8 devices,
 saving every 3 steps; uninterrupted, or killed with SIGKILL when a step ends
-(``--kill-at``). Writes the final weights (``--out``, .npz).
+(``--kill-at``). Writes the final weights (``--out``, .npz) and the history (the same name, .json).
 
     python tests/keras3_worker.py FIXTURES --dir CKPT --out weights.npz [--kill-at 7]
 """
 
 import argparse
+import json
 import os
 import signal
 
@@ -47,10 +48,12 @@ def main():
             if args.kill_at and done[0] >= args.kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    keras3.fit_resumable(
+    history = keras3.fit_resumable(
         model, train, EPOCHS, args.dir, every_steps=3, callbacks=[Killer()], verbose=0
     )
     np.savez(args.out, *[np.asarray(v.value) for v in model.weights])
+    with open(args.out.removesuffix(".npz") + ".json", "w") as f:
+        json.dump(history, f)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@ import json
 import random
 import statistics
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,7 +76,13 @@ def test_build_writes_loadable_artifacts_and_is_idempotent(fixtures_dir, capsys)
         "tiny-vit",
         "beans",
         "text-corpus",
+        "engines",
     }
+    from tpu_helpers.runtime import KERAS3_FAMILIES
+
+    for family in KERAS3_FAMILIES:  # the Keras 3 engine's references (tests/test_keras3.py)
+        folder = Path(paths["engines"]) / family
+        assert (folder / "config.json").exists() and (folder / "reference.npz").exists()
 
     from datasets import load_dataset
 

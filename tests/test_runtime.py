@@ -296,7 +296,7 @@ def test_the_keras3_plan_on_colab_adds_what_the_image_lacks_and_never_jax_or_lib
     plan = runtime.keras3_install_commands(facts("colab", "tpu", **COLAB_TPU))
     assert runtime.choose_engine(facts("colab", "tpu", **COLAB_TPU)).engine == "keras3"
     joined = " ".join(plan)
-    assert "'keras>=3.15'" in joined  # 3.10 is older than KerasHub 0.32 needs
+    assert "'keras>=3.15,<4'" in joined  # 3.10 is older than KerasHub 0.32 needs
     assert "tensorflow-cpu==2.20.0" in joined  # tf.data and TensorBoard's summaries
     assert plan[-1] == "pip install -q --no-deps keras-hub==0.32.0"
     for kept in ("jax", "libtpu", "tensorflow-tpu", "transformers=="):
@@ -316,12 +316,13 @@ def test_the_pinned_stack_and_a_tpu_with_tensorflow_tpu_favour_the_tf_engine():
     assert runtime.choose_engine(facts("local", "cpu", **GOOD)).engine == "tf"
     tpu = dict(GOOD, **{"tensorflow-tpu": "2.20.0", "libtpu": "0.0.20", "jax": "0.7.2"})
     assert runtime.choose_engine(facts("colab", "tpu", **tpu)).engine == "tf"
-    keras3_here = dict(KAGGLE_TPU)  # a machine like the Keras 3 leg's: no TPU, no tf-keras
+    keras3_here = dict(KAGGLE_TPU)  # a machine like the Keras 3 leg's: no TPU
     assert runtime.choose_engine(facts("local", "cpu", **keras3_here)).engine == "keras3"
-    assert (
-        runtime.choose_engine(facts("local", "cpu", **keras3_here, **{"tf-keras": "2.20.0"})).engine
-        == "tf"
-    )
+    # Colab's CPU runtime ships tf-keras too; with transformers 5 the TF engine cannot run
+    with_tf_keras = dict(keras3_here, **{"tf-keras": "2.19.0"})
+    assert runtime.choose_engine(facts("colab", "cpu", **with_tf_keras)).engine == "keras3"
+    with_transformers_4 = dict(with_tf_keras, transformers="4.57.6")
+    assert runtime.choose_engine(facts("colab", "cpu", **with_transformers_4)).engine == "tf"
 
 
 def test_install_says_which_engine_the_runtime_favours_and_refuses_an_unknown_one(capsys):

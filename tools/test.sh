@@ -32,6 +32,9 @@ fi
 leg() {
   local stack="$1"
   shift
+  if [ "$stack" = keras3 ]; then  # its environment too is made at the lower priority
+    renice -n 19 -p "$BASHPID" > /dev/null
+  fi
   export STACK="$stack"
   source tools/env.sh
   rm -rf "build/nbval-$stack" "build/pytest-$stack"
@@ -39,17 +42,14 @@ leg() {
     keras3_leg "$@"
     return
   fi
-  local extra=() variants=()
+  local extra=()
   # The install-plan dry runs ask the package index about other runtimes, and the
   # exercise notebooks run to their first stub (cells that nbval runs on both stacks in
   # the solution notebooks); neither depends on the stack installed here, so one leg
   # runs each: the CPU leg the dry runs, the TPU leg the exercises, which keeps the two
-  # legs about as long. The same holds for the parameter variants of a notebook (notebook
-  # 01 on sentence pairs, CPU leg): its code paths run on both legs with the main ones.
-  # One stack alone runs everything.
+  # legs about as long. One stack alone runs everything.
   if both_tf_stacks && [ "$stack" = tpu ]; then
     extra=(-m "not package_index")
-    variants=(--no-variants)
   elif both_tf_stacks; then
     extra=(-m "not exercise_run")
   fi
@@ -58,12 +58,14 @@ leg() {
   # sizes); the CPU stack in float32, the TPU stack in bfloat16 (every notebook's
   # default). Eight simulated replicas cost about three times two on this CPU, most of
   # it in training cells (notebook 04's took 304 s at eight on the TPU stack), so each
-  # stack runs some notebooks at eight and the rest at one, about as long each. Notebook 03 runs at one on both: at eight its pipeline benchmark
-  # and profile cells alone take 12 minutes here (it passed at eight on 2026-12-02, in a
-  # run of every notebook at eight). The main job (tools/run.sh) runs the parameter
-  # files as written: two replicas, bfloat16.
-  # The parameter variants (01 on sentence pairs) run at one.
-  local eight=(01 05 06 07) one=(00 01_text_classification_fit.pairs 02 03 04)
+  # stack runs some notebooks at eight and the rest at one, about as long each. Notebook
+  # 01 runs at eight on its sentence-pair variant (the same cells, on MRPC-like pairs:
+  # 3,668 training rows where CoLA-like has 8,551; CoLA-like at eight took 183 s alone and
+  # 422 s beside the other legs in one cell), at one on CoLA. Notebook 03 runs at one on
+  # both: at eight its pipeline benchmark and profile cells alone take 12 minutes here
+  # (it passed at eight on 2026-12-02, in a run of every notebook at eight). The main
+  # job (tools/run.sh) runs the parameter files as written: two replicas, bfloat16.
+  local eight=(01_text_classification_fit.pairs 05 06 07) one=(00 01 02 03 04)
   local precision=(--set mixed_bfloat16=false)
   if [ "$stack" = tpu ]; then
     eight=(00 02 04) one=(01 03 05 06 07) precision=()
@@ -73,10 +75,9 @@ leg() {
     local only=() n
     if [ "$replicas" = 8 ]; then
       for n in "${eight[@]}"; do only+=(--only "$n"); done
-      only+=(--no-variants)
     else
       for n in "${one[@]}"; do only+=(--only "$n"); done
-      only+=("${variants[@]}")
+      only+=(--no-variants)
     fi
     python tools/run_notebooks.py --prepare-only --engine tf --out "build/nbval-$stack" \
       "${only[@]}" --replicas "$replicas" "${precision[@]}"
@@ -93,12 +94,13 @@ both_tf_stacks() {
 # The Keras 3 leg: the engine's tests (against the TF engine's numbers in the fixtures),
 # the engine choice and install plans, the exercise edition of notebook 08 to its first
 # stub, and notebook 08 cell by cell at eight devices (Kaggle's v5e-8) and at one (Colab's
-# v5e-1), in bfloat16 (its default). It runs beside the two TensorFlow legs at a lower
-# priority: they leave a core idle for minutes at a time (single-threaded tracing and
-# compiling), which this leg takes. JAX's persistent compilation cache lives for the leg
+# v5e-1), in bfloat16 (its default). It runs beside the two TensorFlow legs at the lowest
+# priority, its environment made there too (three environments made at once took 196 s
+# before any leg started, two 128 s): the TensorFlow legs leave a core idle for minutes
+# at a time (single-threaded tracing and compiling), which this leg takes. Alone it took
+# 401 s and 10 minutes of CPU; beside them, 952 s, and the three legs 1656 s. JAX's persistent compilation cache lives for the leg
 # (the text part's compilations serve the records part: 162 s to 100 s for notebook 08).
 keras3_leg() {
-  renice -n 10 -p "$BASHPID" > /dev/null
   export JAX_COMPILATION_CACHE_DIR="$PWD/build/jax-cache"
   rm -rf "$JAX_COMPILATION_CACHE_DIR"
   local replicas
@@ -111,20 +113,20 @@ keras3_leg() {
     -p no:cacheprovider --basetemp build/pytest-keras3 --durations=15 "$@"
 }
 
-# side_by_side STEP NAME [ARGS]: STEP "$stack" [ARGS] for every stack at once, each
-# into build/NAME-<stack>.log; the logs are printed when all have ended; fails if one did.
+# side_by_side STEP NAME [ARGS]: STEP "$stack" [ARGS] for every stack of run_stacks at
+# once, each into build/NAME-<stack>.log; the logs are printed when all have ended; fails if one did.
 side_by_side() {
   local step="$1" name="$2" failed=0
   shift 2
   local -A pids
-  for stack in "${stacks[@]}"; do
+  for stack in "${run_stacks[@]}"; do
     ("$step" "$stack" "$@") > "build/$name-$stack.log" 2>&1 &
     pids[$stack]=$!
   done
-  for stack in "${stacks[@]}"; do
+  for stack in "${run_stacks[@]}"; do
     wait "${pids[$stack]}" || failed=1
   done
-  for stack in "${stacks[@]}"; do
+  for stack in "${run_stacks[@]}"; do
     echo "=== $name, $stack stack (build/$name-$stack.log)"
     cat "build/$name-$stack.log"
   done
@@ -135,11 +137,13 @@ side_by_side() {
 # The fixtures hold the TF engine's reference numbers, so a Keras 3 leg alone builds them
 # in the CPU stack.
 prepare() {
+  if [ "$1" = keras3 ] && [ "${#stacks[@]}" -eq 1 ]; then  # in a shell of its own
+    env -u PYENV_VERSION -u PYTHON STACK=cpu bash -c \
+      'source tools/env.sh && python -m tpu_helpers fixtures build/fixtures'
+  fi
   STACK="$1" && source tools/env.sh
   if [ "$1" = "${stacks[0]}" ] && [ "$1" != keras3 ]; then
     python -m tpu_helpers fixtures build/fixtures
-  elif [ "$1" = keras3 ] && [ "${#stacks[@]}" -eq 1 ]; then
-    (STACK=cpu && source tools/env.sh && python -m tpu_helpers fixtures build/fixtures)
   fi
 }
 
@@ -155,7 +159,12 @@ timed_leg() {
 # The environments first, both at once (pip mostly unpacks wheels, each into its own
 # folder: they took 160 s and 231 s one after the other on 2 cores).
 mkdir -p build
+run_stacks=("${stacks[@]}")
+if [ "${#stacks[@]}" -gt 1 ]; then
+  run_stacks=(cpu tpu)  # the Keras 3 environment is made in its own leg, at its priority
+fi
 side_by_side prepare env || { echo "an environment or the fixtures could not be made" >&2; exit 1; }
+run_stacks=("${stacks[@]}")
 
 if [ "${#stacks[@]}" -eq 1 ]; then  # one leg: its output as it goes
   timed_leg "${stacks[0]}" "$@"

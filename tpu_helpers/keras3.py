@@ -282,7 +282,8 @@ class _Reader:
         return self._archive(full).get_tensor(full)
 
     def port_weight(self, keras_variable, hf_weight_key, hook_fn=None):
-        if self.find(hf_weight_key) is None and hf_weight_key.startswith(self.optional):
+        optional = any(f".{name}" in f".{hf_weight_key}" for name in self.optional)
+        if optional and self.find(hf_weight_key) is None:
             self.skipped.append(hf_weight_key)
             return
         tensor = self.get_tensor(hf_weight_key)
@@ -303,16 +304,24 @@ def _compute_as_configured(keras, backbone, config: dict) -> None:
     from keras_hub.src.utils.keras_utils import gelu_approximate
 
     act = config.get("hidden_act", config.get("activation"))
-    activation = {
+    activations = {
         "gelu": keras.activations.gelu,  # exact: approximate=False
         "gelu_new": gelu_approximate,
         "gelu_pytorch_tanh": gelu_approximate,
-    }.get(act)
+        "relu": keras.activations.relu,
+    }
+    if act is not None and act not in activations:
+        raise EngineError(
+            f"the checkpoint's config asks for hidden_act={act!r}, which this engine does not"
+            f" map onto KerasHub's layers (it maps {sorted(activations)}). Fix: train it on"
+            " the TF engine (notebooks 01-04)."
+        )
+    activation = activations.get(act)
     for layer in backbone._flatten_layers(include_self=False, recursive=True):
         if epsilon is not None and isinstance(layer, keras.layers.LayerNormalization):
             layer.epsilon = float(epsilon)
         if activation and isinstance(layer, keras.layers.Dense):
-            if "gelu" in getattr(layer.activation, "__name__", ""):
+            if getattr(layer.activation, "__name__", "") in ("gelu", "gelu_approximate", "relu"):
                 layer.activation = activation
 
 
@@ -333,39 +342,23 @@ def classifier(
     **options,
 ):
     """A ``keras.Model`` that classifies what ``checkpoint`` (folder or hub name) reads:
-    its features are our pipelines' (``input_ids``, ``attention_mask``, ``token_type_ids``
-    for pairs; ``pixel_values`` ``[B, 3, H, W]`` for images), its output float32 logits.
+    its features are our pipelines' (``input_ids``, ``attention_mask``, and
+    ``token_type_ids`` for pairs: zeros when absent; ``pixel_values`` ``[B, 3, H, W]`` for
+    images), its output float32 logits; ``model.network`` is the functional model inside.
 
     The encoder's weights all come from the file (KerasHub's converter of the family; a
     missing one is refused); the head is read from the file when it holds one of
-    ``num_labels`` classes (a fine-tuned checkpoint), or starts at random from ``seed``
+    ``num_labels`` classes (a fine-tuned checkpoint), or starts as transformers starts one
     (a base checkpoint, or another number of labels with ``ignore_mismatched_sizes``).
     Under a ``mixed_bfloat16`` policy the model computes in bfloat16. ``options`` go to
     the hub (``revision``, ``cache_dir``, ``token``).
     """
     keras = _keras()
-    import keras_hub
-    from keras_hub.src.utils.transformers.preset_loader import TransformersPresetLoader
-
     folder, config = checkpoint_folder(checkpoint, **options)
-    family = config["model_type"]
-    head = HEADS[family]
-    saved_labels = len(config.get("id2label") or {}) or None
-    num_labels = num_labels or saved_labels or 2
+    head = HEADS[config["model_type"]]
+    num_labels = num_labels or len(config.get("id2label") or {}) or 2
     keras.utils.set_random_seed(seed)
-    settings = {arg: config[field] for arg, field in head.backbone if field in config}
-    backbone = keras_hub.models.Backbone.from_preset(str(folder), load_weights=False, **settings)
-    reader = _Reader(folder, head.optional)
-    TransformersPresetLoader(str(folder), config).converter.convert_weights(
-        backbone, reader, config
-    )
-    _compute_as_configured(keras, backbone, config)
-    if head.fold_token_type and reader.find("embeddings.token_type_embeddings.weight"):
-        positions = backbone.embeddings.position_embedding.position_embeddings
-        positions.assign(
-            positions + reader.get_tensor("embeddings.token_type_embeddings.weight")[0]
-        )
-
+    backbone, reader = _backbone(keras, folder, config, head)
     if isinstance(backbone.input, dict):
         inputs = {ours: keras.Input((None,), dtype="int32", name=ours) for ours in head.inputs}
         x = backbone({theirs: inputs[ours] for ours, theirs in head.inputs.items()})
@@ -374,28 +367,87 @@ def classifier(
         inputs = {"pixel_values": keras.Input((channels, height, width), name="pixel_values")}
         x = backbone(keras.ops.transpose(inputs["pixel_values"], (0, 2, 3, 1)))
     x = x["pooled_output"] if head.take == "pooled" else x[:, 0, :]
+    logits, layers = _head(keras, x, head, config, num_labels, seed)
+    network = keras.Model(inputs, logits, name=f"{config['model_type']}_classifier")
+    loaded = _load_head(layers, reader, num_labels, ignore_mismatched_sizes, checkpoint)
+    if verbose:
+        _say_what_was_read(checkpoint, reader, layers, loaded)
+    return _classifier_class(keras)(network)
+
+
+def _backbone(keras, folder: Path, config: dict, head: Head):
+    """KerasHub's backbone of the family with the checkpoint's weights, computing what the
+    config says; and the reader that read them."""
+    try:
+        import keras_hub
+        from keras_hub.src.utils.transformers.preset_loader import TransformersPresetLoader
+    except ImportError as error:
+        raise EngineError(
+            f"KerasHub does not import ({error}). Fix: python -m tpu_helpers install --engine"
+            " keras3 on Colab or Kaggle (notebook 08's install cell), or pip install --no-deps"
+            " keras-hub==0.32.0 next to Keras 3 and JAX."
+        ) from error
+    settings = {arg: config[field] for arg, field in head.backbone if field in config}
+    backbone = keras_hub.models.Backbone.from_preset(str(folder), load_weights=False, **settings)
+    reader = _Reader(folder, head.optional)
+    converter = TransformersPresetLoader(str(folder), config).converter
+    converter.convert_weights(backbone, reader, config)
+    _compute_as_configured(keras, backbone, config)
+    if head.fold_token_type and reader.find("embeddings.token_type_embeddings.weight"):
+        positions = backbone.embeddings.position_embedding.position_embeddings
+        types = reader.get_tensor("embeddings.token_type_embeddings.weight")
+        positions.assign(positions + types[0])
+    return backbone, reader
+
+
+def _head(keras, x, head: Head, config: dict, num_labels: int, seed: int):
+    """The head's layers on ``x``, initialised as transformers initialises a new head
+    (truncated normal of the config's ``initializer_range``, zero biases); each dropout
+    with a seed of its own. Returns the logits and ``[(checkpoint name, Dense)]``."""
     dense = [s for s in head.steps if s[0] == "dense"]
+    init = keras.initializers.TruncatedNormal(
+        stddev=config.get("initializer_range", 0.02), seed=seed
+    )
     layers = []
-    for step in head.steps:
+    for index, step in enumerate(head.steps):
         if step[0] == "dropout":
-            x = keras.layers.Dropout(_rate(config, step[1]), seed=seed)(x)
+            x = keras.layers.Dropout(_rate(config, step[1]), seed=seed + index)(x)
             continue
         _, name, activation = step
         last = step is dense[-1]
-        units = num_labels if last else x.shape[-1]
         layer = keras.layers.Dense(
-            units, activation, name=name.replace(".", "_"), dtype="float32" if last else None
+            num_labels if last else x.shape[-1],
+            activation,
+            kernel_initializer=init,
+            name=name.replace(".", "_"),
+            dtype="float32" if last else None,  # float32 logits under mixed_bfloat16
         )
         x = layer(x)
         layers.append((name, layer))
-    model = keras.Model(inputs, x, name=f"{family}_classifier")
-    loaded = _load_head(model, layers, reader, num_labels, ignore_mismatched_sizes, checkpoint)
-    if verbose:
-        _say_what_was_read(checkpoint, reader, layers, loaded)
-    return model
+    return x, layers
 
 
-def _load_head(model, layers, reader, num_labels, ignore_mismatched, checkpoint) -> bool:
+def _classifier_class(keras):
+    class Classifier(keras.Model):
+        """``network`` (functional), also given features without ``token_type_ids``: a
+        single sentence's are all zeros, as transformers fills them."""
+
+        def __init__(self, network, **kwargs):
+            super().__init__(name=network.name, **kwargs)
+            self.network = network
+            self.takes = list(network.input) if isinstance(network.input, dict) else []
+            self.built = True
+
+        def call(self, features, training=None):
+            features = dict(features)
+            if "token_type_ids" in self.takes and "token_type_ids" not in features:
+                features["token_type_ids"] = keras.ops.zeros_like(features["input_ids"])
+            return self.network({k: features[k] for k in self.takes}, training=training)
+
+    return Classifier
+
+
+def _load_head(layers, reader, num_labels, ignore_mismatched, checkpoint) -> bool:
     """Read the head's weights when the file holds a head of ``num_labels`` classes; True if
     it did, False for a new head (a base checkpoint, or other labels and
     ``ignore_mismatched``)."""
@@ -467,12 +519,19 @@ def _state(model) -> list:
 
 class _Saves:
     """A run's saves in ``directory`` (local or ``gs://``): ``state-<epoch>-<step>.npz``
-    and ``latest.json`` naming the newest, written after it, so a save that stops half-way
-    is never the one resumed. The two newest are kept."""
+    and ``latest.json`` naming the newest (with the history of the epochs done), written
+    after it, so a save that stops half-way is never the one resumed. The two newest
+    states are kept."""
 
     def __init__(self, directory: str, run: dict):
         self.directory, self.run, self.gfile = directory.rstrip("/"), run, _gfile()
         self.gfile.makedirs(self.directory)
+
+    def _write(self, name: str, data: bytes) -> None:
+        partial = f"{self.directory}/{name}.partial"
+        with self.gfile.GFile(partial, "wb") as f:
+            f.write(data)
+        self.gfile.rename(partial, f"{self.directory}/{name}", True)
 
     def latest(self) -> dict | None:
         path = f"{self.directory}/latest.json"
@@ -481,69 +540,84 @@ class _Saves:
         with self.gfile.GFile(path) as f:
             return json.load(f)
 
-    def save(self, model, point: ResumePoint) -> None:
+    def save(self, model, point: ResumePoint, history: dict) -> None:
         if hasattr(model, "jax_state_sync"):
             model.jax_state_sync()  # fit keeps the newest values outside the variables
         variables = _state(model)
         buffer = io.BytesIO()
         np.savez(buffer, *[np.asarray(v.value) for v in variables])
         name = f"state-{point.epoch}-{point.step}.npz"
-        with self.gfile.GFile(f"{self.directory}/{name}.partial", "wb") as f:
-            f.write(buffer.getvalue())
-        self.gfile.rename(f"{self.directory}/{name}.partial", f"{self.directory}/{name}", True)
+        self._write(name, buffer.getvalue())
         before = self.latest()
         latest = {
             "file": name,
             "epoch": point.epoch,
             "step": point.step,
             "run": self.run,
-            "shapes": [list(v.shape) for v in variables],
+            "history": history,
+            "variables": [[v.path, list(v.shape)] for v in variables],
             "previous": before["file"] if before else None,
         }
-        with self.gfile.GFile(f"{self.directory}/latest.json.partial", "w") as f:
-            json.dump(latest, f)
-        self.gfile.rename(
-            f"{self.directory}/latest.json.partial", f"{self.directory}/latest.json", True
-        )
+        self._write("latest.json", json.dumps(latest).encode())
         old = before and before.get("previous")
         if old and old != name and self.gfile.exists(f"{self.directory}/{old}"):
             self.gfile.remove(f"{self.directory}/{old}")
 
-    def restore(self, model) -> ResumePoint:
+    def restore(self, model) -> tuple[ResumePoint, dict]:
+        """The point to resume from and the history so far (``(0, 0)`` and ``{}`` for a
+        new run), with the saved state put into ``model`` and its optimizer."""
         latest = self.latest()
         if latest is None:
-            return ResumePoint(0, 0)
+            return ResumePoint(0, 0), {}
         if latest["run"] != self.run:
             raise EngineError(
                 f"{self.directory} holds a run of {latest['run']}, not of {self.run}. Fix: a"
-                " new directory for a new run, or delete this one to start over."
+                " new directory for a new run (or another data plan), or delete this one to"
+                " start over."
             )
         variables = _state(model)
-        shapes = [list(v.shape) for v in variables]
-        if shapes != latest["shapes"]:
+        have = [[v.path, list(v.shape)] for v in variables]
+        if have != latest["variables"]:
+            differ = next(
+                (
+                    i
+                    for i, (h, w) in enumerate(zip(have, latest["variables"], strict=False))
+                    if h != w
+                ),
+                min(len(have), len(latest["variables"])),
+            )
             raise EngineError(
-                f"{self.directory}: the saved state does not fit this model (another"
-                " checkpoint, head or optimizer). Fix: a new directory for a new model."
+                f"{self.directory}: the saved state does not fit this model: {len(have)}"
+                f" variables here, {len(latest['variables'])} saved, the first difference at"
+                f" #{differ} ({have[differ] if differ < len(have) else '-'} here,"
+                f" {latest['variables'][differ] if differ < len(latest['variables']) else '-'}"
+                " saved): another checkpoint, head or optimizer. Fix: a new directory."
             )
         with self.gfile.GFile(f"{self.directory}/{latest['file']}", "rb") as f:
             arrays = np.load(io.BytesIO(f.read()))
             for i, variable in enumerate(variables):
                 variable.assign(arrays[f"arr_{i}"])
-        return ResumePoint(latest["epoch"], latest["step"])
+        return ResumePoint(latest["epoch"], latest["step"]), latest["history"]
 
 
-def _saver_callback(keras, saves: _Saves, model, epoch, first_step, every_steps, every_minutes):
+def _saver_callback(keras, saves, model, epoch, first_step, steps, history, every):
+    """Saves during epoch ``epoch`` (which began at ``first_step`` of ``steps``) when
+    ``every`` (steps, minutes) is due; never at its last step, saved as the next epoch's
+    start right after."""
+    every_steps, every_minutes = every
+
     class Saver(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
             self.last_step, self.last_time = first_step, time.monotonic()
 
         def on_train_batch_end(self, batch, logs=None):
-            step = first_step + batch + 1
+            # batch: the last step of the execution, counted from the fit's first
+            step = min(first_step + batch + 1, steps)
             due_steps = every_steps and step - self.last_step >= every_steps
             due_time = every_minutes and time.monotonic() - self.last_time >= 60 * every_minutes
-            if due_steps or due_time:
-                saves.save(model, ResumePoint(epoch, step))
+            if (due_steps or due_time) and step < steps:
+                saves.save(model, ResumePoint(epoch, step), history)
                 self.last_step, self.last_time = step, time.monotonic()
 
     return Saver()
@@ -567,42 +641,51 @@ def fit_resumable(
     ``directory`` every ``every_steps`` steps or ``every_minutes`` minutes and at each
     epoch's end. Run again after the runtime was lost, it resumes from the newest save
     and reads on from the batch it had reached (``skip_steps``), so the weights at the end
-    equal an uninterrupted run's. ``validation`` (a ``Batches``) is evaluated after each
-    epoch. Returns the history: per epoch, the logs of its ``fit`` (a resumed epoch's
-    metrics cover the steps after the resume) and ``val_`` ones.
+    equal an uninterrupted run's. ``run`` names the run (model, data), with the plan's
+    steps and global batch added: a directory holding another run is refused.
+    ``validation`` (a ``Batches``) is evaluated after each epoch. Returns the history of
+    every epoch, those of earlier sessions included (a resumed epoch's metrics cover the
+    steps after the resume), as ``{name: [value per epoch]}`` with ``val_`` names.
     """
     keras = _keras()
     require_batches(train, "keras3.fit_resumable")
-    saves = _Saves(directory, run or {})
+    if validation is not None:
+        require_batches(validation, "keras3.fit_resumable(validation=)")
+    if getattr(model, "optimizer", None) is None:
+        raise EngineError(
+            "the model is not compiled. Fix: keras3.compile_classifier(model, learning_rate)"
+            " or model.compile(...) before fit_resumable."
+        )
+    steps = train.steps_per_epoch
+    plan = {"steps_per_epoch": steps, "global_batch": train.global_batch}
+    saves = _Saves(directory, {**plan, **(run or {})})
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    point = saves.restore(model)
-    history: dict[str, list] = {}
-    steps = train.steps_per_epoch
+    point, history = saves.restore(model)
     for epoch in range(point.epoch, epochs):
         first = point.step if epoch == point.epoch else 0
-        if first < steps:
-            if first and verbose:
-                print(f"[keras3] resuming epoch {epoch} at step {first} of {steps}")
-            saver = _saver_callback(keras, saves, model, epoch, first, every_steps, every_minutes)
-            logs = model.fit(
-                train.dataset(epoch, skip_steps=first),
-                steps_per_epoch=steps - first,
-                epochs=1,
-                verbose=verbose,
-                shuffle=False,  # each epoch's batches come shuffled by the pipeline's seed
-                callbacks=[saver, *callbacks],
-            ).history
-            for key, values in logs.items():
-                history.setdefault(key, []).append(values[-1])
-        saves.save(model, ResumePoint(epoch + 1, 0))
+        if first and verbose:
+            print(f"[keras3] resuming epoch {epoch} at step {first} of {steps}")
+        every = (every_steps, every_minutes)
+        saver = _saver_callback(keras, saves, model, epoch, first, steps, history, every)
+        logs = model.fit(
+            train.dataset(epoch, skip_steps=first),
+            steps_per_epoch=steps - first,
+            initial_epoch=epoch,  # TensorBoard's epoch axis
+            epochs=epoch + 1,
+            verbose=verbose,
+            shuffle=False,  # each epoch's batches come shuffled by the pipeline's seed
+            callbacks=[saver, *callbacks],
+        ).history
+        for key, values in logs.items():
+            history.setdefault(key, []).append(float(values[-1]))
         if validation is not None:
-            require_batches(validation, "keras3.fit_resumable(validation=)")
             result = model.evaluate(
                 validation.dataset(0), steps=validation.steps_per_epoch, verbose=0, return_dict=True
             )
             for key, value in result.items():
-                history.setdefault(f"val_{key}", []).append(value)
+                history.setdefault(f"val_{key}", []).append(float(value))
+        saves.save(model, ResumePoint(epoch + 1, 0), history)
     return history
 
 
@@ -611,9 +694,8 @@ def predict_classes(model, batches) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     ``(labels, predictions, weights)`` as flat arrays, as ``metrics.predict_classes``
     gives them on the TF engine (weight 0 marks the fillers of a last batch)."""
     batches = require_batches(batches, "keras3.predict_classes")
-    labels, predictions, weights = [], [], []
-    for features, y, w in batches.dataset(0).take(batches.steps_per_epoch).as_numpy_iterator():
-        predictions.append(np.argmax(np.asarray(model.predict_on_batch(features)), axis=-1))
-        labels.append(y)
-        weights.append(w)
-    return np.concatenate(labels), np.concatenate(predictions), np.concatenate(weights)
+    steps = batches.steps_per_epoch
+    epoch = batches.dataset(0).take(steps)  # the same batches each time it is read
+    logits = model.predict(epoch.map(lambda x, y, w: x), steps=steps, verbose=0)
+    labels, weights = zip(*((y, w) for _, y, w in epoch.as_numpy_iterator()), strict=True)
+    return np.concatenate(labels), np.argmax(logits, axis=-1), np.concatenate(weights)

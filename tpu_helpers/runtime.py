@@ -97,7 +97,7 @@ KERAS_HUB_PIN = "keras-hub==0.32.0"
 #: transformers 5 for the checkpoint's tokenizer, and TensorFlow (any build, CPU is
 #: enough) for ``tf.data`` and TensorBoard's summaries.
 KERAS3_NEEDS = {
-    "keras": "keras>=3.15",
+    "keras": "keras>=3.15,<4",
     "absl-py": "absl-py",
     "regex": "regex",
     "rich": "rich",
@@ -105,7 +105,7 @@ KERAS3_NEEDS = {
     "safetensors": "safetensors",
     "tokenizers": "tokenizers",
     "sentencepiece": "sentencepiece",
-    "transformers": "transformers>=5",
+    "transformers": "transformers>=5,<6",
     "tensorflow": "tensorflow-cpu==2.20.0",
 }
 #: The ``model_type`` of every checkpoint family the Keras 3 engine trains: those KerasHub
@@ -273,7 +273,8 @@ def choose_engine(facts: RuntimeFacts, model_type: str | None = None) -> EngineC
 
     A TPU runtime that ships JAX and no ``tensorflow-tpu`` (Colab's and Kaggle's TPU images
     since 2025) runs the Keras 3 engine on that JAX and its libtpu, which nothing replaces;
-    so does a machine with Keras 3, JAX and transformers 5 but no tf-keras. Everything else
+    so does a machine with Keras 3, JAX and transformers 5 (which has no TF classes, so the
+    TF engine cannot run there, tf-keras or not). Everything else
     runs the TF engine, and so does a family KerasHub cannot load (``KERAS3_FAMILIES``).
 
     >>> facts = RuntimeFacts("kaggle", "tpu", distributions={"jax": "0.7.2",
@@ -299,12 +300,11 @@ def choose_engine(facts: RuntimeFacts, model_type: str | None = None) -> EngineC
         )
     transformers = minor(d.get("transformers"))
     if jax and keras and keras >= (3, 0) and transformers and transformers >= (5, 0):
-        if not d.get("tf-keras"):
-            return EngineChoice(
-                "keras3",
-                f"Keras {d['keras']}, JAX {jax} and transformers {d['transformers']} (no TF"
-                " classes) are installed, and no tf-keras",
-            )
+        return EngineChoice(
+            "keras3",
+            f"Keras {d['keras']}, JAX {jax} and transformers {d['transformers']} are"
+            " installed, and transformers 5 has no TF classes",
+        )
     if facts.accelerator == "tpu" and tf_tpu:
         return EngineChoice("tf", f"{TENSORFLOW_TPU_PIN.split('==')[0]} {tf_tpu} is installed")
     return EngineChoice(
