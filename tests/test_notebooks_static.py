@@ -272,3 +272,23 @@ def test_no_stub_holds_its_hint_or_imports_a_helper_function(path):
         assert "Hint:" not in text, text[:300]
         imported = re.findall(r"from tpu_helpers\.\w+ import (.+)", text)
         assert not imported, f"a stub cell imports {imported} from tpu_helpers"
+
+
+CHECKS_HEAD = "# The checks: what the run must reach"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_checks_thresholds_are_a_parameter_group_of_their_own(path):
+    """A threshold a check asserts (``min_*_gain``, ``max_*_ratio``) is not a setting of the
+    run: it sits after the run's parameters, under its own heading."""
+    import re
+
+    cell = next(c for c in load(path)["cells"] if "parameters" in c["metadata"].get("tags", []))
+    lines = source(cell).splitlines()
+    thresholds = [
+        i for i, line in enumerate(lines) if re.match(r"(min|max)_\w*(gain|ratio) =", line)
+    ]
+    if not thresholds:
+        return
+    head = next(i for i, line in enumerate(lines) if line.startswith(CHECKS_HEAD))
+    assert thresholds == list(range(head + 1, len(lines))), lines[head:]
