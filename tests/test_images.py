@@ -181,6 +181,30 @@ def _broken_files():
     return list(files)
 
 
+def test_the_images_a_data_set_carries_are_written_as_files_to_stream(tmp_path):
+    import datasets
+
+    pictures = [leaf_image(np.random.default_rng(i), i % 3, size=40) for i in range(4)]
+    encoded = []
+    for i, picture in enumerate(pictures):
+        buffer = io.BytesIO()
+        Image.fromarray(picture).save(buffer, format="PNG" if i == 1 else "JPEG")
+        encoded.append(buffer.getvalue())
+    split = datasets.Dataset.from_dict(
+        {"image": [{"bytes": b, "path": None} for b in encoded], "labels": [0, 1, 2, 0]},
+        features=datasets.Features({"image": datasets.Image(), "labels": datasets.Value("int64")}),
+    )
+    paths = images.write_image_files(split, str(tmp_path / "beans"))
+    assert [p.rsplit("/", 2)[-2] for p in paths] == ["0", "1", "2", "0"]
+    assert paths[1].endswith(".png") and paths[0].endswith(".jpg")
+    assert [open(p, "rb").read() for p in paths] == encoded  # the stored bytes, unchanged
+    written = {p: tf.io.gfile.stat(p).mtime_nsec for p in paths}
+    assert images.write_image_files(split, str(tmp_path / "beans")) == paths
+    assert {p: tf.io.gfile.stat(p).mtime_nsec for p in paths} == written  # kept, not rewritten
+    with pytest.raises(ValueError, match="image_column="):
+        images.write_image_files(split, str(tmp_path / "x"), image_column="img")
+
+
 @pytest.mark.parametrize("name", ["truncated.jpg", "text.jpg"])
 def test_a_broken_file_is_named(name):
     _broken_files()

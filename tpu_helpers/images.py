@@ -28,6 +28,7 @@ from tpu_helpers.validate import check_labels, check_positive
 __all__ = [
     "ImageSpec",
     "rebase_paths",
+    "write_image_files",
     "check_classes",
     "MAX_PIXELS",
     "image_size",
@@ -210,6 +211,43 @@ def rebase_paths(paths: Sequence[str], base: str, keep: int = 2) -> list[str]:
     file name): ``/data/train/rust/a.jpg`` -> ``gs://bucket/beans/rust/a.jpg``."""
     base = base.rstrip("/")
     return [f"{base}/{'/'.join(str(p).replace(chr(92), '/').split('/')[-keep:])}" for p in paths]
+
+
+def write_image_files(
+    split, folder: str, *, image_column: str = "image", label_column: str = "labels"
+) -> list[str]:
+    """Write the images a data set carries (its ``Image`` column, as the hub's ``beans``
+    has) to ``folder`` (local or ``gs://``), one subfolder per label, and return their
+    paths in the split's order: the file list ``image_batches`` streams when the paths the
+    data set lists are not on this machine and no bucket holds the files. The bytes are
+    written as stored (no decode, no re-encode); a file already there with the same size
+    is kept, so a second call after an interruption finishes the rest."""
+    import datasets
+    import tensorflow as tf
+
+    if image_column not in split.column_names:
+        raise ValueError(
+            f"the split has no {image_column!r} column (it has {split.column_names}). Fix:"
+            " image_column= the column of images, or a data set that carries them."
+        )
+    stored = split.cast_column(image_column, datasets.Image(decode=False))
+    folder = folder.rstrip("/")
+    paths = []
+    for i, (image, label) in enumerate(
+        zip(stored[image_column], stored[label_column], strict=True)
+    ):
+        data = image["bytes"]
+        if data is None:  # stored as a path on this machine
+            with tf.io.gfile.GFile(image["path"], "rb") as f:
+                data = f.read()
+        suffix = ".png" if data.startswith(_PNG) else ".jpg" if data.startswith(_JPEG) else ".img"
+        path = f"{folder}/{label}/{i:06d}{suffix}"
+        if not (tf.io.gfile.exists(path) and tf.io.gfile.stat(path).length == len(data)):
+            tf.io.gfile.makedirs(f"{folder}/{label}")
+            with tf.io.gfile.GFile(path, "wb") as f:
+                f.write(data)
+        paths.append(path)
+    return paths
 
 
 def check_classes(labels: Sequence[int], class_names: Sequence[str], model_config=None) -> None:
