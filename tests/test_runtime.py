@@ -337,3 +337,11 @@ def test_install_says_which_engine_the_runtime_favours_and_refuses_an_unknown_on
     assert plan == ["pip install -q --no-deps keras-hub==0.32.0"] and len(ran) == 1
     with pytest.raises(ValueError, match="engine='tf' or 'keras3'"):
         install(facts("kaggle", "tpu", **KAGGLE_TPU), engine="jax")
+
+
+def test_the_families_the_engine_choice_names_are_the_ones_the_keras3_engine_has_heads_for():
+    # runtime stays importable without Keras (the install cell runs it first), so the list
+    # is written twice; this holds the two together
+    from tpu_helpers import keras3
+
+    assert set(runtime.KERAS3_FAMILIES) == set(keras3.HEADS)
