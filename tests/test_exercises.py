@@ -161,10 +161,14 @@ def test_readme_links_both_editions():
 def test_lesson_header_and_key_points(path):
     cells = load(path)["cells"]
     header = text(cells[1])
-    for part in ("**Objectives**", "**Prerequisites**", "**Time**", "measured:", "estimate"):
+    for part in ("**Objectives**", "**Prerequisites**", "**Time**"):
         assert part in header, (path.name, part)
     assert re.search(r"\d+ min teaching, \d+ min exercises", header)
     assert f"tests/params/{path.stem}.yaml" in header
+    # one running time, measured, said once: not in the title cell, no estimate beside it
+    running = re.findall(r"Running it: (\d+) s on a 2-core CPU", header)
+    assert len(running) == 1 and "estimate" not in header, (path.name, header)
+    assert not re.search(r"\d+ (s|min|minutes)\b", text(cells[0])), path.name
     titles = [text(c).splitlines()[0] for c in cells if c["cell_type"] == "markdown"]
     assert titles[-2:] == ["## Key points", "## Next"], titles[-2:]
 

@@ -90,6 +90,21 @@ def test_each_cells_checks_come_last_under_one_comment(path):
         assert text.count(CHECKS_LINE) == 1, text[:600]
 
 
+LESSON_LINES = 25
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_lesson_cells_are_short_enough_to_read_at_once(path):
+    """A code cell's lesson, the lines above its ``# Checks`` line, is at most 25 lines: a
+    longer one is two steps, each with its own sentence. The parameters cell is a form."""
+    for index, cell in enumerate(load(path)["cells"]):
+        tags = cell["metadata"].get("tags", [])
+        if cell["cell_type"] != "code" or "parameters" in tags:
+            continue
+        lesson = source(cell).split(CHECKS_LINE)[0].rstrip("\n").splitlines()
+        assert len(lesson) <= LESSON_LINES, f"cell {index}: {len(lesson)} lines\n{lesson[0]}"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_badges_point_at_this_notebook(path):
     first = source(load(path)["cells"][0])

@@ -142,6 +142,28 @@ def test_a_heavy_model_on_fast_input_is_found_compute_bound():
         np.testing.assert_array_equal(a, b)
 
 
+def test_the_check_leaves_an_unused_legacy_optimizer_as_it_was():
+    """transformers' ``create_optimizer`` gives a legacy Keras optimizer, whose step counter
+    and slots appear on first use: the check runs before training (notebook 06 times the
+    run with it), and training must then start at step 0 with fresh slots."""
+    from transformers import create_optimizer
+
+    batches = pipeline.from_dataset_fn(
+        lambda epoch, skip: _xy(n=256, batch=16).map(lambda x, y: ({"x": x}, y, tf.ones([16]))),
+        steps_per_epoch=16,
+        global_batch=16,
+    )
+    model = _tiny_model()
+    optimizer, _ = create_optimizer(1e-3, 100, 10, weight_decay_rate=0.01)
+    model.compile(optimizer=optimizer, loss=model.loss, steps_per_execution=4)
+    before = [w.copy() for w in model.get_weights()]
+    observe.input_bound_check(model, batches, steps=8)
+    assert int(optimizer.iterations.numpy()) == 0
+    assert all(not np.any(v.numpy()) for v in optimizer.variables() if v is not optimizer.iterations)
+    for a, b in zip(before, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_new_width_after_the_expected_ones_is_reported(tmp_path):
     widths = [8, 8, 16, 8, 16, 16, 24, 8]
     ds = tf.data.Dataset.from_tensor_slices(tf.constant(widths)).map(

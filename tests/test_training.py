@@ -42,9 +42,10 @@ class Renamed(tf.keras.Model):
         return self.head(total / tf.reduce_sum(mask, 1))
 
 
-def train(checkpoint_dir, epochs=3, model_class=Tiny):
+def train(checkpoint_dir, epochs=3, model_class=Tiny, max_steps=None):
     """A small ``CustomLoop`` run (4 steps a call, a checkpoint every 5 steps) on 300
-    bucketed examples; returns ``(loop, steps per epoch, the lines it logged)``."""
+    bucketed examples; returns ``(loop, steps per epoch, the lines it logged)``, and the
+    history as the loop's ``history``."""
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, 30, 300)
     ids = [rng.integers(1, 50, n).tolist() for n in lengths]
@@ -58,8 +59,28 @@ def train(checkpoint_dir, epochs=3, model_class=Tiny):
         model, optimizer = model_class(), tf.keras.optimizers.Adam(0.01)
     loop = CustomLoop(strategy, model, optimizer, 16, str(checkpoint_dir), steps_per_call=4)
     said = []
-    loop.fit(batches, epochs=epochs, checkpoint_every=5, log=said.append)
+    loop.history = loop.fit(
+        batches, epochs=epochs, checkpoint_every=5, log=said.append, max_steps=max_steps
+    )
     return loop, steps, said
+
+
+def test_max_steps_stops_mid_epoch_at_a_checkpoint_and_the_next_fit_goes_on(tmp_path):
+    """A run stopped at ``max_steps`` halfway through an epoch (not a checkpoint step of
+    its own) saves there; a new model and loop go on from it to the weights of a run
+    that never stopped."""
+    whole, steps, _ = train(tmp_path / "whole", epochs=2)
+    stop = steps + steps // 2 + 1
+    assert stop % 5 and stop % steps  # neither a checkpoint step nor an epoch's end
+    stopped, _, said = train(tmp_path / "stopped", epochs=2, max_steps=stop)
+    assert stopped.step == stop and [row["epoch"] for row in stopped.history] == [1]
+    assert f"stopped at step {stop} (max_steps), in epoch 2" in said
+    resumed, _, said = train(tmp_path / "stopped", epochs=2)
+    assert resumed.step == 2 * steps and [row["epoch"] for row in resumed.history] == [2]
+    for ours, theirs in zip(resumed.model.variables, whole.model.variables, strict=True):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    again, _, _ = train(tmp_path / "stopped", epochs=2, max_steps=stop)  # already past it
+    assert again.history == [] and again.step == 2 * steps
 
 
 def test_checkpoints_on_a_bucket_like_filesystem():

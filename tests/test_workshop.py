@@ -638,6 +638,23 @@ def test_schedule_more_wrong_answers():
     workshop.check_schedule(schedule, 1e-4, 1000, 0.05, optimizer=decaying, weight_decay=0.01)
 
 
+def test_schedule_decays_over_the_whole_run():
+    """A decay that ends before the last step reaches 0 there too: the check looks inside."""
+    from transformers import create_optimizer
+
+    steps_per_epoch, epochs = 300, 2
+    total = steps_per_epoch * epochs
+    warmup = int(0.05 * total)
+    for wrong in (
+        create_optimizer(1e-4, steps_per_epoch, warmup)[1],  # one epoch, not the run
+        create_optimizer(1e-4, total - warmup, warmup)[1],  # the decay's length alone
+    ):
+        _raises(workshop.check_schedule, wrong, 1e-4, total, 0.05, match="three quarters")
+    workshop.check_schedule(create_optimizer(1e-4, total, warmup)[1], 1e-4, total, 0.05)
+    # a warmup of round() or ceil() steps, one more than int() here, is right too
+    workshop.check_schedule(create_optimizer(1e-4, 90, 5)[1], 1e-4, 90, 0.05)
+
+
 def test_attention_mask():
     def solution(segment_ids):
         same = segment_ids[:, :, None] == segment_ids[:, None, :]

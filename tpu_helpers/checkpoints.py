@@ -159,7 +159,7 @@ class RunCheckpoints:
         are checked too) and return ``(epoch, skip_steps)``: where the run goes on, the
         optimizer's step counter being the data position."""
         check_positive(steps_per_epoch=steps_per_epoch)
-        _build_optimizer(self.model, self.optimizer)
+        build_optimizer(self.model, self.optimizer)
         return divmod(self.restore(), steps_per_epoch)
 
     def callback(self, every_steps: int | None = None, every_minutes: float | None = None):
@@ -221,7 +221,7 @@ def _saver(checkpoints: RunCheckpoints, every_steps: int | None, every_minutes: 
     return Saver()
 
 
-def _build_optimizer(model, optimizer) -> None:
+def build_optimizer(model, optimizer) -> None:
     """Create the optimizer's slots now, so that a restore checks them at once."""
     if not model.built or not model.variables:
         raise ValueError(
@@ -229,11 +229,17 @@ def _build_optimizer(model, optimizer) -> None:
             " build it first (a transformers model from from_pretrained is built; otherwise"
             " call it once on a batch, or model.build_in_name_scope())."
         )
-    # Keras' optimizers (not the legacy ones) build their slots so
-    if hasattr(optimizer, "add_variable_from_reference") and not getattr(
-        optimizer, "_built", False
-    ):
-        optimizer.build(model.trainable_variables)
+    import contextlib
+
+    strategy = getattr(model, "distribute_strategy", None)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        # Keras' optimizers build their slots with build(); the legacy ones (transformers'
+        # AdamWeightDecay) make them, and their step counter, on first use otherwise
+        if hasattr(optimizer, "add_variable_from_reference"):
+            if not getattr(optimizer, "_built", False):
+                optimizer.build(model.trainable_variables)
+        elif hasattr(optimizer, "_create_all_weights"):
+            optimizer._create_all_weights(model.trainable_variables)
 
 
 def fit_resumable(

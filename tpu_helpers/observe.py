@@ -280,6 +280,11 @@ def _distributed(model, dataset):
 
 
 def _snapshot(model):
+    """Every variable of ``model`` and its optimizer (whose slots and step counter are made
+    first, so that none is left out) with its value now."""
+    from tpu_helpers.checkpoints import build_optimizer
+
+    build_optimizer(model, model.optimizer)
     variables = list(model.variables)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:

@@ -201,6 +201,7 @@ class CustomLoop:
         checkpoint_every: int | None = None,
         log: Callable[[str], None] = print,
         training_log=None,
+        max_steps: int | None = None,
     ) -> list[dict]:
         """Train on ``train`` (a ``pipeline.Batches`` of ``global_batch`` rows) to
         ``epochs`` epochs, resuming from the latest checkpoint.
@@ -210,8 +211,10 @@ class CustomLoop:
         would. ``validation`` (a ``Batches``) is evaluated at each epoch's end. A
         checkpoint is written every ``checkpoint_every`` steps (default: each epoch end).
         ``training_log`` (an ``observe.TrainingLog``) gets each epoch's metrics, learning
-        rate and rates for TensorBoard. Returns one dict of metrics per epoch trained in
-        this call.
+        rate and rates for TensorBoard. ``max_steps`` stops the run at that step of the
+        whole run, with a checkpoint there, as a lost runtime would stop it (the next
+        ``fit`` goes on from it); an epoch cut short is neither evaluated nor reported.
+        Returns one dict of metrics per epoch completed in this call.
         """
         import time
 
@@ -230,7 +233,10 @@ class CustomLoop:
         check_positive(epochs=epochs)
         if checkpoint_every is not None:
             check_positive(checkpoint_every=checkpoint_every)
+        if max_steps is not None:
+            check_positive(max_steps=max_steps)
         checkpoint_every = checkpoint_every or steps_per_epoch
+        last_step = epochs * steps_per_epoch if max_steps is None else max_steps
         train.check_positions(model_config(self.model))
         if self.checkpoints:  # what the restore says (a damaged checkpoint skipped) goes to
             self.checkpoints.log = log  # the same log as the epochs
@@ -238,13 +244,19 @@ class CustomLoop:
         history = []
         for epoch in range(start // steps_per_epoch, epochs):
             done = self.step - epoch * steps_per_epoch
+            end = min(steps_per_epoch, last_step - epoch * steps_per_epoch)
+            if end <= done:
+                break
             started = time.perf_counter()
             for metric in self.metrics.values():
                 metric.reset_state()
             dataset = train.distribute(self.strategy, epoch, skip_steps=done)
             where = f"epoch {epoch + 1} after step {self.step}"
             with data_errors_explained(train, where):
-                self._train_epoch(dataset, done, steps_per_epoch, checkpoint_every, log)
+                self._train_epoch(dataset, done, end, checkpoint_every, log)
+            if end < steps_per_epoch:
+                log(f"stopped at step {self.step} (max_steps), in epoch {epoch + 1}")
+                break
             row = {"epoch": epoch + 1, "step": self.step}
             row.update({name: float(m.result()) for name, m in self.metrics.items()})
             seconds = time.perf_counter() - started
@@ -267,17 +279,18 @@ class CustomLoop:
             " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
         )
 
-    def _train_epoch(self, dataset, done, steps_per_epoch, checkpoint_every, log):
-        """The steps of an epoch from ``done`` on, in calls of up to ``steps_per_call``
-        steps that end at every checkpoint step; a checkpoint at those and at the end."""
+    def _train_epoch(self, dataset, done, end, checkpoint_every, log):
+        """The steps of an epoch from ``done`` to ``end``, in calls of up to
+        ``steps_per_call`` steps that end at every checkpoint step; a checkpoint at those
+        and at ``end``."""
         import tensorflow as tf
 
         iterator = iter(dataset)
-        while done < steps_per_epoch:
+        while done < end:
             until_checkpoint = checkpoint_every - self.step % checkpoint_every
-            n = min(self.steps_per_call, steps_per_epoch - done, until_checkpoint)
+            n = min(self.steps_per_call, end - done, until_checkpoint)
             self._train_call(iterator, tf.constant(n))
             self._verify_restore()  # variables built by the first step exist now
             done += n
-            if self.checkpoints and (self.step % checkpoint_every == 0 or done == steps_per_epoch):
+            if self.checkpoints and (self.step % checkpoint_every == 0 or done == end):
                 log(f"checkpoint step {self.step}: {self.checkpoints.save()}")

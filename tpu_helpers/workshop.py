@@ -23,6 +23,8 @@ __all__ = [
     "check_widths",
     "check_compiled",
     "check_data_parallel",
+    "check_in_memory",
+    "check_limit",
     "check_global_batch",
     "check_replica_loss",
     "check_parse_spec",
@@ -771,12 +773,15 @@ def check_schedule(
     def at(step):
         return float(schedule(step))
 
-    start, peak = at(0), at(warmup)
+    start = at(0)
+    # round() or ceil() for the warmup's steps end it one step later: also right
+    peak = max(at(warmup), at(warmup + 1), key=lambda rate: -abs(rate - learning_rate))
     if warmup > 1 and start > 0.5 * learning_rate:
         _fail(
             exercise,
-            f"the rate starts at {start:g}: a freshly initialized model needs a warmup from"
-            f" 0 over {warmup} steps (num_warmup_steps).",
+            f"the rate starts at {start:g}: training, whether from scratch or from a"
+            f" checkpoint with a new optimizer, needs a warmup from 0 over {warmup} steps"
+            " (num_warmup_steps).",
         )
     if not math.isclose(peak, learning_rate, rel_tol=0.01):
         _fail(
@@ -786,7 +791,8 @@ def check_schedule(
             " int(warmup_fraction * total_steps)).",
         )
     half = warmup // 2
-    if warmup >= 4 and not math.isclose(at(half), learning_rate * half / warmup, rel_tol=0.1):
+    rising = [learning_rate * half / steps for steps in (warmup, warmup + 1)]
+    if warmup >= 4 and not any(math.isclose(at(half), r, rel_tol=0.1) for r in rising):
         _fail(
             exercise,
             f"halfway through the warmup (step {half}) the rate is {at(half):g}, not about"
@@ -801,6 +807,17 @@ def check_schedule(
             exercise,
             f"at the last step ({total_steps}) the rate is still {end:g}: decay it to 0 over"
             " num_train_steps=total_steps.",
+        )
+    # three quarters into the decay a quarter of the peak is left: a decay that ends
+    # early (num_train_steps of one epoch, or less the warmup) has reached 0 or nearly
+    late = warmup + 3 * (total_steps - warmup) // 4
+    expected = learning_rate * (total_steps - late) / (total_steps - warmup)
+    if total_steps - warmup >= 8 and not math.isclose(at(late), expected, rel_tol=0.05):
+        _fail(
+            exercise,
+            f"at step {late}, three quarters into the decay, the rate is {at(late):g}, not"
+            f" about {expected:g}: the decay must reach 0 at the last step of the whole run,"
+            f" num_train_steps=total_steps ({total_steps}: every epoch, warmup included).",
         )
     _ok(exercise, f"0 -> {learning_rate:g} in {warmup} steps, 0 at step {total_steps}")
 
@@ -934,3 +951,100 @@ def check_data_parallel(distribution, devices, exercise: str = "08.1") -> None:
             " keras.distribution.set_distribution(distribution).",
         )
     _ok(exercise, f"each batch is split over {len(mesh)} device(s) along its first axis")
+
+
+# --- 09 ---------------------------------------------------------------------------------
+def check_in_memory(dataset, features: dict, labels, global_batch: int, exercise: str = "09.1"):
+    """The tutorial's pipeline made for a TPU: ``(features, label)`` elements of the arrays
+    in ``features`` and ``labels``, the rows shuffled over the whole set (not batches, not
+    a window), in batches of ``global_batch`` rows that all have one shape."""
+    import tensorflow as tf
+
+    if not isinstance(dataset, tf.data.Dataset):
+        _fail(
+            exercise,
+            f"`in_memory` is a {type(dataset).__name__}, not a tf.data.Dataset. Fix:"
+            " tf.data.Dataset.from_tensor_slices((dict(enc), labels)), then shuffle and batch.",
+        )
+    spec = dataset.element_spec
+    if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], dict)):
+        _fail(
+            exercise,
+            f"its elements are {spec}, not (features, label) pairs with the features a dict:"
+            " fit splits each element into the model's inputs and its targets. Fix:"
+            " from_tensor_slices((dict(enc), labels)).",
+        )
+    ids = np.asarray(features["input_ids"])
+    labels = np.asarray(labels)
+    batches = [(f["input_ids"], y) for f, y in dataset.as_numpy_iterator()]
+    rows = [len(y) for _, y in batches]
+    if any(n != global_batch for n in rows[:-1]) or not rows:
+        share = global_batch // rows[0] if rows and rows[0] else 0
+        _fail(
+            exercise,
+            f"its batches have {rows[0] if rows else 0} rows, a step takes global_batch="
+            f"{global_batch}"
+            + (f" (that is one replica's share of {share})" if share > 1 else "")
+            + ": fit splits each batch over the replicas. Fix: .batch(global_batch, ...).",
+        )
+    if rows[-1] != global_batch:
+        _fail(
+            exercise,
+            f"its last batch has {rows[-1]} rows: a second shape, so a second compilation on"
+            " a TPU, and a step whose rows do not split evenly over the replicas. Fix:"
+            " .batch(global_batch, drop_remainder=True).",
+        )
+    where = {}
+    for index, row in enumerate(ids):
+        where.setdefault(row.tobytes(), []).append(index)
+    first = [where.get(row.tobytes(), [-1])[0] for row in batches[0][0]]
+    if -1 in first or any(labels[i] != y for i, y in zip(first, batches[0][1], strict=True)):
+        _fail(
+            exercise,
+            "the first batch holds rows that are not the tokenized ones, or labels of other"
+            " rows: features and labels must stay together. Fix: one from_tensor_slices of"
+            " the pair, shuffled as one.",
+        )
+    if first == list(range(first[0], first[0] + len(first))):
+        _fail(
+            exercise,
+            f"the first batch is rows {first[0]}..{first[-1]} in the data set's order: "
+            + ("it is not shuffled" if first[0] == 0 else "whole batches are shuffled")
+            + ", so every epoch puts the same rows together. Fix: .shuffle(...) before"
+            " .batch(...).",
+        )
+    if len(ids) >= 8 * global_batch and max(first) < len(ids) // 4:
+        _fail(
+            exercise,
+            f"the first batch comes from the first {max(first) + 1} of {len(ids)} rows: the"
+            " shuffle buffer holds only part of the set, so rows move only within a window."
+            " Fix: .shuffle(len(labels)), a buffer as large as the set (it is in memory).",
+        )
+    width = {batch.shape[1] for batch, _ in batches}
+    _ok(exercise, f"{len(rows)} batches of {global_batch} rows, one width {width}, shuffled")
+
+
+def check_limit(limited_by: Callable, exercise: str = "09.2") -> None:
+    """``limited_by(report)`` says "input" when the pipeline alone delivers fewer batches
+    per second than the step alone takes, else "step"; "together" cannot tell."""
+    from tpu_helpers.observe import InputBoundReport
+
+    cases = [  # (input alone, step alone, together) batches per second, and the limit
+        (100.0, 300.0, 95.0, "input"),
+        (900.0, 300.0, 290.0, "step"),
+        (280.0, 300.0, 200.0, "input"),
+        (450.0, 300.0, 180.0, "step"),
+    ]
+    for rate_in, rate_step, together, right in cases:
+        report = InputBoundReport(rate_in, rate_step, together, steps=30)
+        answer = _learners(limited_by, exercise, report)
+        if answer != right:
+            _fail(
+                exercise,
+                f"with the input alone at {rate_in:g} batches/s, the step alone at"
+                f" {rate_step:g}/s and both together at {together:g}/s, limited_by says"
+                f" {answer!r}, not {right!r}: compare the input pipeline alone with the step"
+                " alone (together is at most the slower of the two, whichever it is).",
+            )
+    _ok(exercise, "the slower of the input alone and the step alone, in all four cases")
+
