@@ -142,6 +142,15 @@ def test_a_heavy_model_on_fast_input_is_found_compute_bound():
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_run_time_is_told_in_the_unit_that_reads_best():
+    report = observe.InputBoundReport(100.0, 10.0, 4.0, steps=20)
+    assert report.time_for(200) == "50 s"
+    assert report.time_for(4 * 60 * 30) == "30 min"
+    assert report.time_for(4 * 3600 * 3) == "3.0 h"
+    with pytest.raises(ValueError, match="steps"):
+        report.time_for(0)
+
+
 def test_the_check_leaves_an_unused_legacy_optimizer_as_it_was():
     """transformers' ``create_optimizer`` gives a legacy Keras optimizer, whose step counter
     and slots appear on first use: the check runs before training (notebook 06 times the
@@ -159,7 +168,9 @@ def test_the_check_leaves_an_unused_legacy_optimizer_as_it_was():
     before = [w.copy() for w in model.get_weights()]
     observe.input_bound_check(model, batches, steps=8)
     assert int(optimizer.iterations.numpy()) == 0
-    assert all(not np.any(v.numpy()) for v in optimizer.variables() if v is not optimizer.iterations)
+    assert all(
+        not np.any(v.numpy()) for v in optimizer.variables() if v is not optimizer.iterations
+    )
     for a, b in zip(before, model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
 

@@ -792,3 +792,68 @@ def test_record_batches_right_and_wrong(many_written):
         batch,
         match="not to the widths chosen",
     )
+
+
+def _tokenized(n=400, width=12):
+    """Distinct rows of token ids, as a tokenizer padded to one width gives them."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 1000, (n, width)).astype("int32")
+    ids[:, 0] = np.arange(n)  # every row distinct
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}, rng.integers(0, 2, n)
+
+
+def test_in_memory_right_answers():
+    enc, labels = _tokenized()
+    whole = tf.data.Dataset.from_tensor_slices((dict(enc), labels))
+    workshop.check_in_memory(
+        whole.shuffle(len(labels)).batch(32, drop_remainder=True), enc, labels, 32
+    )
+    seeded = whole.shuffle(len(labels), seed=3).batch(32, drop_remainder=True)
+    workshop.check_in_memory(seeded.prefetch(tf.data.AUTOTUNE), enc, labels, 32)
+
+
+def test_in_memory_wrong_answers():
+    enc, labels = _tokenized()
+    whole = tf.data.Dataset.from_tensor_slices((dict(enc), labels))
+    check = workshop.check_in_memory
+    _raises(check, whole.shuffle(400).batch(32), enc, labels, 32, match="drop_remainder=True")
+    _raises(check, whole.batch(32, drop_remainder=True), enc, labels, 32, match="not shuffled")
+    batches_shuffled = whole.batch(32, drop_remainder=True).shuffle(20, seed=1)
+    _raises(
+        check,
+        batches_shuffled.skip(0),
+        enc,
+        labels,
+        32,
+        match="whole batches are shuffled|not shuffled",
+    )
+    window = whole.shuffle(40, seed=1).batch(32, drop_remainder=True)
+    _raises(check, window, enc, labels, 32, match="shuffle buffer holds only part")
+    per_replica = whole.shuffle(400).batch(4, drop_remainder=True)
+    _raises(check, per_replica, enc, labels, 32, match="one replica's share of 8")
+    apart = tf.data.Dataset.zip(
+        (
+            tf.data.Dataset.from_tensor_slices(dict(enc)).shuffle(400, seed=1),
+            tf.data.Dataset.from_tensor_slices(labels).shuffle(400, seed=2),
+        )
+    ).batch(32, drop_remainder=True)
+    _raises(check, apart, enc, labels, 32, match="labels of other rows")
+    _raises(check, [enc], enc, labels, 32, match="not a tf.data.Dataset")
+    features_only = tf.data.Dataset.from_tensor_slices(dict(enc)).batch(32, drop_remainder=True)
+    _raises(check, features_only, enc, labels, 32, match="not \\(features, label\\) pairs")
+
+
+def test_limit_right_and_wrong_answers():
+    workshop.check_limit(lambda r: "input" if r.input_per_second < r.step_per_second else "step")
+    wrong = {
+        "together against the step": lambda r: (
+            "input" if r.together_per_second < r.step_per_second else "step"
+        ),
+        "the comparison reversed": lambda r: (
+            "input" if r.input_per_second > r.step_per_second else "step"
+        ),
+        "the report's three-way verdict": lambda r: r.verdict,
+    }
+    for answer in wrong.values():
+        _raises(workshop.check_limit, answer, match="compare the input pipeline alone")
+    _raises(workshop.check_limit, lambda r: r.missing, match="09.2")

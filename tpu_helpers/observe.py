@@ -267,6 +267,17 @@ class InputBoundReport:
             " starts fewer calls"
         )
 
+    def time_for(self, steps: int) -> str:
+        """How long ``steps`` training steps take at the rate of the two together, as
+        ``"40 s"``, ``"25 min"`` or ``"3.2 h"`` (compilations and evaluation not counted)."""
+        check_positive(steps=steps)
+        seconds = steps / self.together_per_second
+        if seconds < 90:
+            return f"{seconds:.0f} s"
+        if seconds < 90 * 60:
+            return f"{seconds / 60:.0f} min"
+        return f"{seconds / 3600:.1f} h"
+
     def __str__(self) -> str:
         return (
             f"{self.verdict}: the pipeline delivers {self.input_per_second:,.0f} batches/s, the"
