@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "pod_worker.py"
 TIMEOUT = 240  # seconds for one launch of both hosts; a hang fails the test
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.pod_slice
 
 
 def _free_ports(n):

@@ -265,6 +265,23 @@ def test_normalize():
         workshop.check_normalize(lambda p: right_normalize(p) * 255, SPEC, pipeline_output())
 
 
+def test_normalize_names_a_wrong_layout_of_the_right_numbers():
+    output = pipeline_output()
+    assert output.shape[-1] == output.shape[-2]  # square: the wrong layouts fit the shape
+
+    def channels_last(pixels):
+        return np.moveaxis(right_normalize(pixels), -3, -1)
+
+    def reshaped(pixels):
+        return channels_last(pixels).reshape(output.shape)
+
+    def swapped(pixels):
+        return np.transpose(channels_last(pixels), (0, 3, 2, 1))
+
+    _raises(workshop.check_normalize, reshaped, SPEC, output, match="by a reshape")
+    _raises(workshop.check_normalize, swapped, SPEC, output, match="swaps height and width")
+
+
 def test_normalize_must_read_the_constants_of_the_checkpoint():
     """Numbers copied from one processor pass with that processor only."""
     from types import SimpleNamespace

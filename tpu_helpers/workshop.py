@@ -578,6 +578,20 @@ def _compare_normalized(got, expected, pixels, spec, exercise: str) -> None:
             exercise, f"normalize gave shape {got.shape}, the model takes {expected.shape}.{hint}"
         )
     error = float(np.abs(got - expected).max())
+    channels_last = np.moveaxis(expected, -3, -1)  # the right numbers, laid out wrong:
+    layouts = {  # what a reshape or another transpose makes of them
+        "a reshape, which keeps the numbers' order and so mixes the channels": (
+            channels_last.reshape(expected.shape)
+        ),
+        "a transpose that swaps height and width": np.transpose(channels_last, (0, 3, 2, 1)),
+    }
+    for how, laid_out in layouts.items():
+        if error > 1e-3 and laid_out.shape == got.shape and np.abs(got - laid_out).max() < 1e-3:
+            _fail(
+                exercise,
+                f"the numbers are right, their layout is not: channels were put first by {how}."
+                " Fix: np.moveaxis(x, -1, 1) (or np.transpose(x, (0, 3, 1, 2))).",
+            )
     if error > 1e-3:
         per_channel = np.abs(got - expected).mean(axis=(0, 2, 3))
         _fail(
