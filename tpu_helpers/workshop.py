@@ -1061,4 +1061,3 @@ def check_limit(limited_by: Callable, exercise: str = "09.2") -> None:
                 " alone (together is at most the slower of the two, whichever it is).",
             )
     _ok(exercise, "the slower of the input alone and the step alone, in all four cases")
-
