@@ -303,6 +303,10 @@ def test_train_counting_compiles_counts_one_compilation_per_shape():
     assert run.tokens == 4 * (8 + 16 + 8 + 24 + 16 + 8) and run.padding_fraction == 0.5
     assert run.steady_real_tokens == 4 * (4 + 8 + 4)  # the steps that reused a program
     assert run.row()["compilations"] == 3
+    table = xla_runs.runs_table({"t": run})
+    assert list(table.index) == ["t"] and table.loc["t", "compilations"] == 3
+    empty = xla_runs.runs_table({})  # nothing ran compiled here: the columns, no rows
+    assert empty.empty and list(empty.columns) == list(table.columns)
 
 
 def test_shape_report_takes_a_dataset_or_a_list_of_batches():

@@ -63,6 +63,15 @@ class XlaRun:
         }
 
 
+def runs_table(runs: dict):
+    """The runs as a ``pandas.DataFrame``, one row per run indexed by its padding; with no
+    runs (nothing here runs compiled steps), the same columns and no rows."""
+    import pandas as pd
+
+    columns = list(XlaRun("", 0, 1.0, 0, 0.0, 0, 0, 0).row())  # the names row() gives
+    return pd.DataFrame([run.row() for run in runs.values()], columns=columns).set_index("padding")
+
+
 def train_counting_compiles(model, dataset, optimizer, loss=None, name: str = "") -> XlaRun:
     """Train ``model`` for one pass over ``dataset`` with every step compiled by XLA
     (``jit_compile=True``), one compilation per distinct input shape, as on a TPU.
