@@ -74,13 +74,16 @@ def test_max_steps_stops_mid_epoch_at_a_checkpoint_and_the_next_fit_goes_on(tmp_
     assert stop % 5 and stop % steps  # neither a checkpoint step nor an epoch's end
     stopped, _, said = train(tmp_path / "stopped", epochs=2, max_steps=stop)
     assert stopped.step == stop and [row["epoch"] for row in stopped.history] == [1]
-    assert f"stopped at step {stop} (max_steps), in epoch 2" in said
+    assert f"stopped at step {stop} (max_steps={stop}), in epoch 2" in said
     resumed, _, said = train(tmp_path / "stopped", epochs=2)
     assert resumed.step == 2 * steps and [row["epoch"] for row in resumed.history] == [2]
     for ours, theirs in zip(resumed.model.variables, whole.model.variables, strict=True):
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
-    again, _, _ = train(tmp_path / "stopped", epochs=2, max_steps=stop)  # already past it
+    again, _, said = train(tmp_path / "stopped", epochs=2, max_steps=steps)  # already past it
     assert again.history == [] and again.step == 2 * steps
+    at_an_epoch_end, _, said = train(tmp_path / "at-the-end", epochs=2, max_steps=steps)
+    assert at_an_epoch_end.step == steps and [r["epoch"] for r in at_an_epoch_end.history] == [1]
+    assert said[-1] == f"stopped at step {steps} (max_steps={steps})"
 
 
 def test_checkpoints_on_a_bucket_like_filesystem():

@@ -829,6 +829,16 @@ def test_in_memory_right_answers():
     workshop.check_in_memory(seeded.prefetch(tf.data.AUTOTUNE), enc, labels, 32)
 
 
+def test_in_memory_takes_repeated_rows_with_other_labels():
+    """Data sets repeat sentences, sometimes with another label, and truncation makes long
+    ones equal: a row is any of its copies."""
+    enc, labels = _tokenized()
+    enc["input_ids"][1::2] = enc["input_ids"][0::2]  # every row twice ...
+    labels[1::2] = 1 - labels[0::2]  # ... with the other label
+    whole = tf.data.Dataset.from_tensor_slices((dict(enc), labels))
+    workshop.check_in_memory(whole.shuffle(400).batch(32, drop_remainder=True), enc, labels, 32)
+
+
 def test_in_memory_wrong_answers():
     enc, labels = _tokenized()
     whole = tf.data.Dataset.from_tensor_slices((dict(enc), labels))
@@ -856,6 +866,15 @@ def test_in_memory_wrong_answers():
     ).batch(32, drop_remainder=True)
     _raises(check, apart, enc, labels, 32, match="labels of other rows")
     _raises(check, [enc], enc, labels, 32, match="not a tf.data.Dataset")
+    _raises(check, whole.shuffle(400), enc, labels, 32, match="single rows, not batches")
+    repeated = whole.shuffle(400).batch(32, drop_remainder=True).repeat()
+    _raises(check, repeated, enc, labels, 32, match="repeats without end")
+    once = whole.shuffle(400, reshuffle_each_iteration=False).batch(32, drop_remainder=True)
+    _raises(check, once, enc, labels, 32, match="second epoch starts with the same batch")
+    cached = whole.shuffle(400).cache().batch(32, drop_remainder=True)
+    _raises(check, cached, enc, labels, 32, match="second epoch starts with the same batch")
+    small = whole.take(20).shuffle(20).batch(32, drop_remainder=True)
+    _raises(check, small, {"input_ids": enc["input_ids"][:20]}, labels[:20], 32, match="fewer than")
     features_only = tf.data.Dataset.from_tensor_slices(dict(enc)).batch(32, drop_remainder=True)
     _raises(check, features_only, enc, labels, 32, match="not \\(features, label\\) pairs")
 

@@ -8,7 +8,7 @@
     python tools/run_notebooks.py --exercises --prepare-only --out workshop
                                     # the exercise edition, with the offline parameters
 
-A notebook runs on one engine (``engine_of``): the TF engine (00-07) or the Keras 3 one (08,
+A notebook runs on one engine (``engine_of``): the TF engine (00-07, 09) or the Keras 3 one (08,
 metadata ``tpu_helpers.engine``). A run takes the notebooks of the engine this environment
 favours (``runtime.choose_engine``), or of ``--engine``; ``tools/run.sh`` runs each
 environment in turn and ``--report-all`` writes one report of every executed notebook.

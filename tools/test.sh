@@ -62,9 +62,10 @@ leg() {
   # stack runs some notebooks at eight and the rest at one, about as long each. Notebook
   # 01 runs at eight on its sentence-pair variant (the same cells, on MRPC-like pairs:
   # 3,668 training rows where CoLA-like has 8,551; CoLA-like at eight took 183 s alone and
-  # 422 s beside the other legs in one cell), at one on CoLA. Notebook 03 runs at one on
-  # both: at eight its pipeline benchmark and profile cells alone take 12 minutes here
-  # (it passed at eight on 2026-12-02, in a run of every notebook at eight). The main
+  # 422 s beside the other legs in one cell), at one on CoLA. Notebooks 03 and 09 run at
+  # one on both: at eight the pipeline benchmark and profile cells (03's on 2026-12-02,
+  # 09's since) alone took 12 minutes here (they passed at eight that day, in a run of
+  # every notebook at eight). The main
   # job (tools/run.sh) runs the parameter files as written: two replicas, bfloat16.
   # With the Keras 3 leg beside them (2026-12-03), the three legs took 1931 s with 04 and 06
   # at eight as well; 04 (304 s at eight on the TPU stack) and 06 now run at one here, and

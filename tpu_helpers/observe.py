@@ -253,19 +253,23 @@ class InputBoundReport:
 
     @property
     def advice(self) -> str:
-        if self.verdict == "compute-bound":
-            return (
-                "the step is what takes the time: fewer padding tokens (text.choose_boundaries,"
-                " records' bucketed widths), bf16 (mixed_bfloat16), or a larger per-replica"
-                " batch to fill the chip; the input has headroom"
-            )
-        return (
+        step = (
+            "the step is what takes the time: fewer padding tokens (text.choose_boundaries,"
+            " records' bucketed widths), bf16 (mixed_bfloat16), or a larger per-replica"
+            " batch to fill the chip"
+        )
+        feed = (
             "feed it faster: tokenize or decode once and stream TFRecord shards"
             " (records.write_records, read_records), .cache() a data set that fits in host"
             " memory, parallel_reads=8 for files on a bucket, decode JPEGs at a reduced size"
             " (images.ImageSpec with decode_size), and more steps_per_execution so the host"
             " starts fewer calls"
         )
+        if self.verdict == "compute-bound":
+            return f"{step}; the input has headroom"
+        if self.verdict == "balanced":
+            return f"the input only just keeps up: {step}; and then {feed}"
+        return feed
 
     def time_for(self, steps: int) -> str:
         """How long ``steps`` training steps take at the rate of the two together, as

@@ -113,7 +113,7 @@ KERAS3_NEEDS = {
 #: ``tpu_helpers.keras3.HEADS`` rebuilds. Any other family stays on the TF engine.
 KERAS3_FAMILIES = ("albert", "bert", "distilbert", "roberta", "xlm-roberta", "vit")
 #: The two engines: TensorFlow with tf-keras and transformers 4's TF classes (notebooks
-#: 00-07), and Keras 3 on JAX with KerasHub (notebook 08).
+#: 00-07 and 09), and Keras 3 on JAX with KerasHub (notebook 08).
 ENGINES = ("tf", "keras3")
 
 #: The TPUs each hosted runtime offers, as its menu names them (checked 2025-09). Notebook
@@ -287,7 +287,7 @@ def choose_engine(facts: RuntimeFacts, model_type: str | None = None) -> EngineC
         return EngineChoice(
             "tf",
             f"the Keras 3 engine trains {', '.join(KERAS3_FAMILIES)}, not {model_type!r}:"
-            " its checkpoints train on the TF engine (notebooks 01-07)",
+            " its checkpoints train on the TF engine (every notebook but 08)",
         )
     keras = minor(d.get("keras"))
     jax, tf_tpu = d.get("jax"), d.get("tensorflow-tpu")
@@ -471,7 +471,7 @@ def install(
     engine: str = "tf",
 ) -> list[str]:
     """Print the install plan of ``engine`` (one of ``ENGINES``) for this runtime and carry
-    it out on Colab or Kaggle only. Notebooks 00-07 run the TF engine; notebook 08 the
+    it out on Colab or Kaggle only. Notebooks 00-07 and 09 run the TF engine; notebook 08 the
     Keras 3 one. Either way it first says which engine this runtime favours and why
     (``choose_engine``), so a TF notebook on a JAX TPU runtime says what it will replace.
 

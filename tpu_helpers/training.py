@@ -246,6 +246,7 @@ class CustomLoop:
             done = self.step - epoch * steps_per_epoch
             end = min(steps_per_epoch, last_step - epoch * steps_per_epoch)
             if end <= done:
+                log(f"stopped at step {self.step} (max_steps={max_steps})")
                 break
             started = time.perf_counter()
             for metric in self.metrics.values():
@@ -255,7 +256,7 @@ class CustomLoop:
             with data_errors_explained(train, where):
                 self._train_epoch(dataset, done, end, checkpoint_every, log)
             if end < steps_per_epoch:
-                log(f"stopped at step {self.step} (max_steps), in epoch {epoch + 1}")
+                log(f"stopped at step {self.step} (max_steps={max_steps}), in epoch {epoch + 1}")
                 break
             row = {"epoch": epoch + 1, "step": self.step}
             row.update({name: float(m.result()) for name, m in self.metrics.items()})

@@ -825,12 +825,16 @@ def check_schedule(
     # three quarters into the decay a quarter of the peak is left: a decay that ends
     # early (num_train_steps of one epoch, or less the warmup) has reached 0 or nearly
     late = warmup + 3 * (total_steps - warmup) // 4
-    expected = learning_rate * (total_steps - late) / (total_steps - warmup)
-    if total_steps - warmup >= 8 and not math.isclose(at(late), expected, rel_tol=0.05):
+    expected = [
+        learning_rate * (total_steps - late) / (total_steps - w) for w in (warmup, warmup + 1)
+    ]
+    if total_steps - warmup >= 8 and not any(
+        math.isclose(at(late), e, rel_tol=0.05) for e in expected
+    ):
         _fail(
             exercise,
             f"at step {late}, three quarters into the decay, the rate is {at(late):g}, not"
-            f" about {expected:g}: the decay must reach 0 at the last step of the whole run,"
+            f" about {expected[0]:g}: the decay must reach 0 at the last step of the whole run,"
             f" num_train_steps=total_steps ({total_steps}: every epoch, warmup included).",
         )
     _ok(exercise, f"0 -> {learning_rate:g} in {warmup} steps, 0 at step {total_steps}")
@@ -988,37 +992,29 @@ def check_in_memory(dataset, features: dict, labels, global_batch: int, exercise
             " fit splits each element into the model's inputs and its targets. Fix:"
             " from_tensor_slices((dict(enc), labels)).",
         )
-    ids = np.asarray(features["input_ids"])
-    labels = np.asarray(labels)
+    if spec[1].shape.rank == 0:
+        _fail(
+            exercise,
+            "its elements are single rows, not batches: a step takes global_batch rows."
+            " Fix: .batch(global_batch, drop_remainder=True) after the shuffle.",
+        )
+    if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+        _fail(
+            exercise,
+            "it repeats without end: fit's epochs go over it again each epoch, and a"
+            " repeated set has no epochs to count. Fix: leave out .repeat().",
+        )
+    ids, labels = np.asarray(features["input_ids"]), np.asarray(labels)
+    if len(ids) < global_batch:
+        _fail(
+            exercise,
+            f"the data set has {len(ids)} rows, fewer than one global batch of"
+            f" {global_batch}: no full batch exists. Fix: a smaller per_replica_batch or more"
+            " data.",
+        )
     batches = [(f["input_ids"], y) for f, y in dataset.as_numpy_iterator()]
-    rows = [len(y) for _, y in batches]
-    if any(n != global_batch for n in rows[:-1]) or not rows:
-        share = global_batch // rows[0] if rows and rows[0] else 0
-        _fail(
-            exercise,
-            f"its batches have {rows[0] if rows else 0} rows, a step takes global_batch="
-            f"{global_batch}"
-            + (f" (that is one replica's share of {share})" if share > 1 else "")
-            + ": fit splits each batch over the replicas. Fix: .batch(global_batch, ...).",
-        )
-    if rows[-1] != global_batch:
-        _fail(
-            exercise,
-            f"its last batch has {rows[-1]} rows: a second shape, so a second compilation on"
-            " a TPU, and a step whose rows do not split evenly over the replicas. Fix:"
-            " .batch(global_batch, drop_remainder=True).",
-        )
-    where = {}
-    for index, row in enumerate(ids):
-        where.setdefault(row.tobytes(), []).append(index)
-    first = [where.get(row.tobytes(), [-1])[0] for row in batches[0][0]]
-    if -1 in first or any(labels[i] != y for i, y in zip(first, batches[0][1], strict=True)):
-        _fail(
-            exercise,
-            "the first batch holds rows that are not the tokenized ones, or labels of other"
-            " rows: features and labels must stay together. Fix: one from_tensor_slices of"
-            " the pair, shuffled as one.",
-        )
+    _check_in_memory_rows([len(y) for _, y in batches], global_batch, exercise)
+    first = _row_indices(ids, labels, *batches[0], exercise)
     if first == list(range(first[0], first[0] + len(first))):
         _fail(
             exercise,
@@ -1034,8 +1030,57 @@ def check_in_memory(dataset, features: dict, labels, global_batch: int, exercise
             " shuffle buffer holds only part of the set, so rows move only within a window."
             " Fix: .shuffle(len(labels)), a buffer as large as the set (it is in memory).",
         )
+    again = next(dataset.as_numpy_iterator())[0]["input_ids"]
+    if np.array_equal(again, batches[0][0]):
+        _fail(
+            exercise,
+            "a second epoch starts with the same batch as the first: the order is drawn once"
+            " (reshuffle_each_iteration=False, or a .cache() after the shuffle), so every"
+            " epoch repeats it. Fix: shuffle last before batching, reshuffling each epoch.",
+        )
     width = {batch.shape[1] for batch, _ in batches}
-    _ok(exercise, f"{len(rows)} batches of {global_batch} rows, one width {width}, shuffled")
+    _ok(exercise, f"{len(batches)} batches of {global_batch} rows, one width {width}, shuffled")
+
+
+def _check_in_memory_rows(rows: list[int], global_batch: int, exercise: str) -> None:
+    """Every batch holds ``global_batch`` rows: none of one replica's share, and no
+    smaller last one."""
+    if any(n != global_batch for n in rows[:-1]) or rows[0] != global_batch and len(rows) == 1:
+        share = global_batch // rows[0] if rows[0] else 0
+        _fail(
+            exercise,
+            f"its batches have {rows[0]} rows, a step takes global_batch={global_batch}"
+            + (f" (that is one replica's share of {share})" if share > 1 else "")
+            + ": fit splits each batch over the replicas. Fix: .batch(global_batch, ...).",
+        )
+    if rows[-1] != global_batch:
+        _fail(
+            exercise,
+            f"its last batch has {rows[-1]} rows: a second shape, so a second compilation on"
+            " a TPU, and a step whose rows do not split evenly over the replicas. Fix:"
+            " .batch(global_batch, drop_remainder=True).",
+        )
+
+
+def _row_indices(ids, labels, batch_ids, batch_labels, exercise: str) -> list[int]:
+    """Where each row of a batch is in the data set (the first unused of equal rows),
+    its label checked against that row's."""
+    where: dict[bytes, list[int]] = {}
+    for index, row in enumerate(ids):
+        where.setdefault(row.tobytes(), []).append(index)
+    found = []
+    for row, label in zip(batch_ids, batch_labels, strict=True):
+        candidates = [i for i in where.get(row.tobytes(), []) if labels[i] == label]
+        if not candidates:
+            _fail(
+                exercise,
+                "the first batch holds rows that are not the tokenized ones, or labels of"
+                " other rows: features and labels must stay together. Fix: one"
+                " from_tensor_slices of the pair, shuffled as one.",
+            )
+        found.append(candidates[0])
+        where[row.tobytes()].remove(candidates[0])
+    return found
 
 
 def check_limit(limited_by: Callable, exercise: str = "09.2") -> None:
@@ -1048,6 +1093,7 @@ def check_limit(limited_by: Callable, exercise: str = "09.2") -> None:
         (900.0, 300.0, 290.0, "step"),
         (280.0, 300.0, 200.0, "input"),
         (450.0, 300.0, 180.0, "step"),
+        (400.0, 300.0, 260.0, "step"),  # the input only just keeps up: still the step
     ]
     for rate_in, rate_step, together, right in cases:
         report = InputBoundReport(rate_in, rate_step, together, steps=30)
@@ -1060,4 +1106,4 @@ def check_limit(limited_by: Callable, exercise: str = "09.2") -> None:
                 f" {answer!r}, not {right!r}: compare the input pipeline alone with the step"
                 " alone (together is at most the slower of the two, whichever it is).",
             )
-    _ok(exercise, "the slower of the input alone and the step alone, in all four cases")
+    _ok(exercise, f"the slower of the input alone and the step alone, in all {len(cases)} cases")
