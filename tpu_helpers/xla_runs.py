@@ -16,6 +16,7 @@ from tpu_helpers.xla import element_stats, require_running_target
 
 __all__ = [
     "XlaRun",
+    "runs_table",
     "train_counting_compiles",
 ]
 
