@@ -845,15 +845,8 @@ def test_in_memory_wrong_answers():
     check = workshop.check_in_memory
     _raises(check, whole.shuffle(400).batch(32), enc, labels, 32, match="drop_remainder=True")
     _raises(check, whole.batch(32, drop_remainder=True), enc, labels, 32, match="not shuffled")
-    batches_shuffled = whole.batch(32, drop_remainder=True).shuffle(20, seed=1)
-    _raises(
-        check,
-        batches_shuffled.skip(0),
-        enc,
-        labels,
-        32,
-        match="whole batches are shuffled|not shuffled",
-    )
+    batches_shuffled = whole.batch(32, drop_remainder=True).shuffle(20, seed=1)  # batch 4 first
+    _raises(check, batches_shuffled, enc, labels, 32, match="whole batches are shuffled")
     window = whole.shuffle(40, seed=1).batch(32, drop_remainder=True)
     _raises(check, window, enc, labels, 32, match="shuffle buffer holds only part")
     per_replica = whole.shuffle(400).batch(4, drop_remainder=True)

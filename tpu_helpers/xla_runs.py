@@ -50,18 +50,32 @@ class XlaRun:
     def padding_fraction(self) -> float:
         return 1 - self.real_tokens / self.tokens if self.tokens else 0.0
 
+    COLUMNS = (
+        "padding",
+        "steps",
+        "distinct shapes",
+        "compilations",
+        "padding share",
+        "compile s",
+        "total s",
+        "real tokens/s",
+        "real tokens/s without compiling",
+    )
+
     def row(self) -> dict:
-        return {
-            "padding": self.name,
-            "steps": self.steps,
-            "distinct shapes": self.shapes,
-            "compilations": self.compiles,
-            "padding share": round(self.padding_fraction, 3),
-            "compile s": round(self.compile_seconds, 1),
-            "total s": round(self.seconds, 1),
-            "real tokens/s": round(self.real_tokens_per_second),
-            "real tokens/s without compiling": round(self.steady_real_tokens_per_second),
-        }
+        """One line of ``runs_table``, under ``COLUMNS``."""
+        values = (
+            self.name,
+            self.steps,
+            self.shapes,
+            self.compiles,
+            round(self.padding_fraction, 3),
+            round(self.compile_seconds, 1),
+            round(self.seconds, 1),
+            round(self.real_tokens_per_second),
+            round(self.steady_real_tokens_per_second),
+        )
+        return dict(zip(self.COLUMNS, values, strict=True))
 
 
 def runs_table(runs: dict):
@@ -69,8 +83,8 @@ def runs_table(runs: dict):
     runs (nothing here runs compiled steps), the same columns and no rows."""
     import pandas as pd
 
-    columns = list(XlaRun("", 0, 1.0, 0, 0.0, 0, 0, 0).row())  # the names row() gives
-    return pd.DataFrame([run.row() for run in runs.values()], columns=columns).set_index("padding")
+    rows = [run.row() for run in runs.values()]
+    return pd.DataFrame(rows, columns=list(XlaRun.COLUMNS)).set_index("padding")
 
 
 def train_counting_compiles(model, dataset, optimizer, loss=None, name: str = "") -> XlaRun:
