@@ -142,6 +142,20 @@ def test_a_heavy_model_on_fast_input_is_found_compute_bound():
         np.testing.assert_array_equal(a, b)
 
 
+def test_the_advice_follows_the_verdict():
+    compute = observe.InputBoundReport(900.0, 300.0, 290.0, steps=20)
+    balanced = observe.InputBoundReport(400.0, 300.0, 260.0, steps=20)
+    waiting = observe.InputBoundReport(100.0, 300.0, 95.0, steps=20)
+    assert [r.verdict for r in (compute, balanced, waiting)] == [
+        "compute-bound",
+        "balanced",
+        "input-bound",
+    ]
+    assert "the input has headroom" in compute.advice and "feed it" not in compute.advice
+    assert "only just keeps up" in balanced.advice and "feed it faster" in balanced.advice
+    assert waiting.advice.startswith("feed it faster") and "step is what" not in waiting.advice
+
+
 def test_a_run_time_is_told_in_the_unit_that_reads_best():
     report = observe.InputBoundReport(100.0, 10.0, 4.0, steps=20)
     assert report.time_for(200) == "50 s"
