@@ -1,7 +1,7 @@
 """Fine-tune the tiny DistilBERT on the Keras 3 engine with ``keras3.fit_resumable``, for
 ``test_keras3``: on notebook 01's bucketed batches of the CoLA-like fixture, 8 devices,
-saving every 3 steps; uninterrupted, or killed with SIGKILL when a step ends
-(``--kill-at``). Writes the final weights (``--out``, .npz) and the history (the same name, .json).
+two steps fused per call, saving every 3 steps; uninterrupted, or killed with SIGKILL at
+the end of the first call of the first epoch that reaches ``--kill-at`` steps. Writes the final weights (``--out``, .npz) and the history (the same name, .json).
 
     python tests/keras3_worker.py FIXTURES --dir CKPT --out weights.npz [--kill-at 7]
 """
@@ -36,16 +36,20 @@ def main():
     rows = text.tokenize(data["train"].select(range(ROWS)), tokenizer, 64)
     lengths = np.asarray(rows["length"])
     boundaries = text.choose_boundaries(lengths, max_shapes=3, max_length=64)
-    train = text.text_batches(rows, global_batch=BATCH, boundaries=boundaries, seed=0)
+    train = text.text_batches(
+        rows, global_batch=BATCH, boundaries=boundaries, seed=0, group_widths=2
+    )
 
     model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
     keras3.compile_classifier(model, 1e-3, steps_per_execution=2)
-    done = [0]
 
     class Killer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
         def on_train_batch_end(self, batch, logs=None):
-            done[0] += 2  # steps_per_execution: one call per 2 steps
-            if args.kill_at and done[0] >= args.kill_at:
+            # batch: the call's last step of the epoch
+            if args.kill_at and self.epoch == 0 and batch + 1 >= args.kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     history = keras3.fit_resumable(

@@ -87,6 +87,40 @@ def test_batch_plan_differs_per_seed_and_is_reproducible():
     assert not (a[0] == c[0]).all()
 
 
+@pytest.mark.parametrize("run", [2, 4, 7])
+def test_batches_grouped_in_runs_of_one_width_are_the_same_batches_reordered(run):
+    lengths = np.random.default_rng(5).integers(2, 60, 2000)
+    bounds = text.choose_boundaries(lengths, 4)
+    plain = text.batch_plan(lengths, bounds, 16, seed=3)
+    grouped = text.batch_plan(lengths, bounds, 16, seed=3, group_widths=run)
+    assert sorted(map(tuple, grouped[0].tolist())) == sorted(map(tuple, plain[0].tolist()))
+    widths = grouped[1].tolist()
+    counts = {w: widths.count(w) for w in set(widths)}
+    full = sum(c // run for c in counts.values())
+    # the first `full` runs each hold `run` batches of one width; then each width's rest
+    for start in range(0, full * run, run):
+        assert len(set(widths[start : start + run])) == 1
+    rest = widths[full * run :]
+    assert len(rest) == sum(c % run for c in counts.values())
+    assert rest == sorted(rest, key=rest.index)  # one block per width
+    for width in counts:  # each width's batches keep the shuffled order
+        mine = [tuple(r) for r, w in zip(grouped[0].tolist(), widths, strict=True) if w == width]
+        theirs = [
+            tuple(r)
+            for r, w in zip(plain[0].tolist(), plain[1].tolist(), strict=True)
+            if w == width
+        ]
+        assert mine == theirs
+
+
+def test_runs_of_one_width_of_one_keep_the_order_and_refuse_nonsense():
+    widths = [8, 16, 8, 32, 16]
+    assert text.runs_of_one_width(widths, 1).tolist() == list(range(5))
+    assert text.runs_of_one_width(widths, 2).tolist() == [0, 2, 1, 4, 3]
+    with pytest.raises(ValueError, match="group_widths"):
+        text.runs_of_one_width(widths, 0)
+
+
 def test_too_small_data_set_is_refused():
     with pytest.raises(ValueError, match="7 examples, fewer than one global batch of 16"):
         text.batch_plan([5] * 7, [8], 16)

@@ -15,7 +15,11 @@ their places.
 ``connect``            ``keras.distribution.DataParallel`` over them, made global
 ``classifier``         encoder + head from a checkpoint, as ``keras.Model``
 ``compile_classifier`` the optimizer, loss and weighted accuracy of the TF notebooks
-``fit_resumable``      one ``fit`` per epoch, saved every few steps, resumed mid-epoch
+``fit_resumable``      compiled steps (``jax_steps``), saved every few steps, resumed
+                       mid-epoch
+``evaluate``           the compiled metrics over a ``Batches``
+``predict_classes``    labels, predictions and weights over a ``Batches``
+``compilations``       how often each step was compiled (once per width)
 =====================  ===============================================================
 
 >>> from tpu_helpers import keras3                                   # doctest: +SKIP
@@ -52,7 +56,9 @@ __all__ = [
     "compile_classifier",
     "ResumePoint",
     "fit_resumable",
+    "evaluate",
     "predict_classes",
+    "compilations",
 ]
 
 
@@ -540,12 +546,14 @@ class _Saves:
         with self.gfile.GFile(path) as f:
             return json.load(f)
 
-    def save(self, model, point: ResumePoint, history: dict) -> None:
-        if hasattr(model, "jax_state_sync"):
-            model.jax_state_sync()  # fit keeps the newest values outside the variables
+    def save(self, model, point: ResumePoint, history: dict, values=None) -> None:
+        """Save ``values`` (in the order of ``_state(model)``; the variables' own values
+        when ``None``) as the state at ``point``."""
         variables = _state(model)
+        if values is None:
+            values = [np.asarray(v.value) for v in variables]
         buffer = io.BytesIO()
-        np.savez(buffer, *[np.asarray(v.value) for v in variables])
+        np.savez(buffer, *values)
         name = f"state-{point.epoch}-{point.step}.npz"
         self._write(name, buffer.getvalue())
         before = self.latest()
@@ -600,27 +608,36 @@ class _Saves:
         return ResumePoint(latest["epoch"], latest["step"]), latest["history"]
 
 
-def _saver_callback(keras, saves, model, epoch, first_step, steps, history, every):
-    """Saves during epoch ``epoch`` (which began at ``first_step`` of ``steps``) when
-    ``every`` (steps, minutes) is due; never at its last step, saved as the next epoch's
-    start right after."""
-    every_steps, every_minutes = every
+class _Cadence:
+    """When a save is due: every ``every_steps`` steps or ``every_minutes`` minutes
+    (``None`` or 0: never by that measure), counted from the last save."""
 
-    class Saver(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.last_step, self.last_time = first_step, time.monotonic()
+    def __init__(self, every_steps, every_minutes, step: int):
+        self.every_steps, self.every_minutes = every_steps, every_minutes
+        self.restart(step)
 
-        def on_train_batch_end(self, batch, logs=None):
-            # batch: the last step of the execution, counted from the fit's first
-            step = min(first_step + batch + 1, steps)
-            due_steps = every_steps and step - self.last_step >= every_steps
-            due_time = every_minutes and time.monotonic() - self.last_time >= 60 * every_minutes
-            if (due_steps or due_time) and step < steps:
-                saves.save(model, ResumePoint(epoch, step), history)
-                self.last_step, self.last_time = step, time.monotonic()
+    def restart(self, step: int) -> None:
+        self.last_step, self.last_time = step, time.monotonic()
 
-    return Saver()
+    def due(self, step: int) -> bool:
+        by_steps = self.every_steps and step - self.last_step >= self.every_steps
+        minutes = (
+            self.every_minutes and time.monotonic() - self.last_time >= 60 * self.every_minutes
+        )
+        return bool(by_steps or minutes)
+
+
+def _steps_for(model, *batches, where: str):
+    """The model's ``jax_steps.Steps``, built for ``batches`` (``pipeline.Batches``, or
+    ``None``), each refused with the fix unless its global batch splits over the devices."""
+    from tpu_helpers.jax_steps import Steps
+
+    given = [require_batches(b, where) for b in batches if b is not None]
+    steps = Steps.of(model)
+    for plan in given:
+        steps.check_batch(plan.global_batch, plan.name)
+    steps.build(next(given[0].dataset(0).take(1).as_numpy_iterator()))
+    return steps
 
 
 def fit_resumable(
@@ -637,65 +654,126 @@ def fit_resumable(
     verbose: int = 2,
 ) -> dict:
     """Train ``model`` (compiled) on ``train`` (a ``pipeline.Batches``) for ``epochs``,
-    one ``fit`` per epoch on that epoch's own shuffle, saving the whole state to
-    ``directory`` every ``every_steps`` steps or ``every_minutes`` minutes and at each
-    epoch's end. Run again after the runtime was lost, it resumes from the newest save
-    and reads on from the batch it had reached (``skip_steps``), so the weights at the end
-    equal an uninterrupted run's. ``run`` names the run (model, data), with the plan's
-    steps and global batch added: a directory holding another run is refused.
-    ``validation`` (a ``Batches``) is evaluated after each epoch. Returns the history of
-    every epoch, those of earlier sessions included (a resumed epoch's metrics cover the
+    each epoch on its own shuffle, saving the whole state to ``directory`` every
+    ``every_steps`` steps or ``every_minutes`` minutes (checked after each compiled call)
+    and at each epoch's end. Run again after the runtime was lost, it resumes from the
+    newest save and reads on from the batch it had reached (``skip_steps``), so the
+    weights at the end equal an uninterrupted run's. ``run`` names the run (model, data),
+    with the plan's steps and global batch added: a directory holding another run is
+    refused.
+
+    The steps run compiled by ``jax_steps.Steps``: each batch shape compiles once per
+    model (epochs, calls and resumes in one session included), ``steps_per_execution``
+    steps of one shape run in one call, and the next batches are put on the devices
+    while a step runs. Keras ``callbacks`` are called at the train's, the epochs' and the
+    calls' beginnings and ends (``on_train_batch_end`` with the call's last step; batch
+    logs are empty, so that no call waits for the devices; the epoch's logs are whole).
+    ``validation`` (a ``Batches``) is evaluated after each epoch. Each epoch prints a line
+    with its time, throughput and compilations (``verbose=0``: none). Returns the history
+    of every epoch, those of earlier sessions included (a resumed epoch's metrics cover the
     steps after the resume), as ``{name: [value per epoch]}`` with ``val_`` names.
     """
     keras = _keras()
-    require_batches(train, "keras3.fit_resumable")
-    if validation is not None:
-        require_batches(validation, "keras3.fit_resumable(validation=)")
+    from tpu_helpers.checkpoints import data_errors_explained
+
     if getattr(model, "optimizer", None) is None:
         raise EngineError(
             "the model is not compiled. Fix: keras3.compile_classifier(model, learning_rate)"
             " or model.compile(...) before fit_resumable."
         )
-    steps = train.steps_per_epoch
-    plan = {"steps_per_epoch": steps, "global_batch": train.global_batch}
+    steps = _steps_for(model, train, validation, where="keras3.fit_resumable")
+    per_epoch = train.steps_per_epoch
+    plan = {"steps_per_epoch": per_epoch, "global_batch": train.global_batch}
     saves = _Saves(directory, {**plan, **(run or {})})
-    if not model.optimizer.built:
-        model.optimizer.build(model.trainable_variables)
     point, history = saves.restore(model)
+    state = steps.state()
+    hooks = keras.callbacks.CallbackList(
+        list(callbacks), model=model, epochs=epochs, steps=per_epoch
+    )
+    hooks.on_train_begin()
+    cadence, logs = _Cadence(every_steps, every_minutes, point.step), {}
+    compiled = sum(steps.compiles.values())
     for epoch in range(point.epoch, epochs):
         first = point.step if epoch == point.epoch else 0
         if first and verbose:
-            print(f"[keras3] resuming epoch {epoch} at step {first} of {steps}")
-        every = (every_steps, every_minutes)
-        saver = _saver_callback(keras, saves, model, epoch, first, steps, history, every)
-        logs = model.fit(
-            train.dataset(epoch, skip_steps=first),
-            steps_per_epoch=steps - first,
-            initial_epoch=epoch,  # TensorBoard's epoch axis
-            epochs=epoch + 1,
-            verbose=verbose,
-            shuffle=False,  # each epoch's batches come shuffled by the pipeline's seed
-            callbacks=[saver, *callbacks],
-        ).history
-        for key, values in logs.items():
-            history.setdefault(key, []).append(float(values[-1]))
-        if validation is not None:
-            result = model.evaluate(
-                validation.dataset(0), steps=validation.steps_per_epoch, verbose=0, return_dict=True
+            print(f"[keras3] resuming epoch {epoch + 1} at step {first} of {per_epoch}")
+        hooks.on_epoch_begin(epoch)
+        if epoch == point.epoch:  # in the epoch's time: what a first epoch costs
+            _precompile(steps, state, train, validation)
+        cadence.restart(first)
+
+        def after_call(state, done, epoch=epoch, first=first):
+            step = first + done
+            hooks.on_train_batch_end(step - 1, {})
+            if step < per_epoch and cadence.due(step):
+                saves.save(model, ResumePoint(epoch, step), history, steps.saved_values(state))
+                cadence.restart(step)
+
+        with data_errors_explained(train, f"epoch {epoch + 1} after step {first}"):
+            state, report = steps.train(
+                steps.reset_metrics(state),
+                train.dataset(epoch, skip_steps=first),
+                per_epoch - first,
+                after_call,
             )
-            for key, value in result.items():
-                history.setdefault(f"val_{key}", []).append(float(value))
-        saves.save(model, ResumePoint(epoch + 1, 0), history)
+        logs = steps.results(state[3])
+        if validation is not None:
+            result = steps.evaluate(state[:2], validation.dataset(0), validation.steps_per_epoch)
+            logs.update({f"val_{k}": v for k, v in result.items()})
+        for key, value in logs.items():
+            history.setdefault(key, []).append(value)
+        saves.save(model, ResumePoint(epoch + 1, 0), history, steps.saved_values(state))
+        state = steps.write_back(state)
+        hooks.on_epoch_end(epoch, logs)
+        total = sum(steps.compiles.values())
+        report.new_compiles, compiled = total - compiled, total
+        if verbose:
+            _say_epoch(epoch, epochs, report, logs, steps)
+    hooks.on_train_end(logs)
     return history
 
 
+def _precompile(steps, state, train, validation) -> None:
+    """Compile the train step (and the evaluation's) for every width of the pipelines
+    before the first step, several at once."""
+    for kind, batches in (("train", train), ("evaluate", validation)):
+        if batches is not None and batches.widths:
+            example = next(batches.dataset(0).take(1).as_numpy_iterator())
+            steps.precompile(kind, state, example, batches.widths)
+
+
+def _say_epoch(epoch: int, epochs: int, report, logs: dict, steps) -> None:
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in logs.items())
+    print(
+        f"[keras3] epoch {epoch + 1}/{epochs}: {report.steps} steps in {report.calls} calls,"
+        f" {report.seconds:.1f} s, {report.rate()}; {shown}; compiled {report.new_compiles}"
+        f" new step(s), {sum(steps.compiles.values())} in all"
+    )
+
+
+def compilations(model) -> dict:
+    """How many times each step of ``model`` was compiled in this session, by kind and
+    batch shape: ``{("train", "[0]['input_ids'][32, 64] ..."): 1, ...}``. Each is 1 when
+    every width compiled once, whatever the epochs, calls and resumes."""
+    steps = getattr(model, "_tpu_helpers_steps", None)
+    return dict(steps.compiles) if steps is not None else {}
+
+
+def evaluate(model, batches) -> dict:
+    """The compiled metrics of ``model`` (loss included) over one epoch of ``batches``,
+    split over the devices as in ``fit_resumable``."""
+    steps = _steps_for(model, batches, where="keras3.evaluate")
+    return steps.evaluate(steps.weights(), batches.dataset(0), batches.steps_per_epoch)
+
+
 def predict_classes(model, batches) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One epoch of ``batches`` through ``model``, split over the devices as in ``fit``:
-    ``(labels, predictions, weights)`` as flat arrays, as ``metrics.predict_classes``
-    gives them on the TF engine (weight 0 marks the fillers of a last batch)."""
-    batches = require_batches(batches, "keras3.predict_classes")
-    steps = batches.steps_per_epoch
-    epoch = batches.dataset(0).take(steps)  # the same batches each time it is read
-    logits = model.predict(epoch.map(lambda x, y, w: x), steps=steps, verbose=0)
+    """One epoch of ``batches`` through ``model``, split over the devices as in
+    ``fit_resumable``: ``(labels, predictions, weights)`` as flat arrays, as
+    ``metrics.predict_classes`` gives them on the TF engine (weight 0 marks the fillers of
+    a last batch)."""
+    steps = _steps_for(model, batches, where="keras3.predict_classes")
+    count = batches.steps_per_epoch
+    epoch = batches.dataset(0).take(count)  # the same batches each time it is read
+    logits = steps.predict(steps.weights(), epoch, count)
     labels, weights = zip(*((y, w) for _, y, w in epoch.as_numpy_iterator()), strict=True)
     return np.concatenate(labels), np.argmax(logits, axis=-1), np.concatenate(weights)

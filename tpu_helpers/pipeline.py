@@ -17,8 +17,10 @@ A ``Batches`` is a plan, not a dataset. It knows:
 * ``steps_per_epoch`` (``steps_on(strategy)`` on a pod slice, where hosts may need filler
   steps), ``global_batch`` (rows per step over all replicas; ``per_replica_batch(n)``),
   ``examples`` (rows of weight 1 per epoch), ``padding`` (what it costs in padding:
-  ``real_tokens``, ``real_token_share``; ``None`` without tokens) and ``max_width`` (the
-  widest token row, checked against a model's positions before the first step).
+  ``real_tokens``, ``real_token_share``; ``None`` without tokens), ``max_width`` (the
+  widest token row, checked against a model's positions before the first step) and
+  ``widths`` (every width its token rows are padded to, where known: an engine compiles
+  one step per width, and may do so before the first step).
 
 Every element is ``(features, labels, weights)``: ``features`` a dict, weight 0 marks the
 rows that complete a batch (a TPU needs full batches) and count for nothing.
@@ -148,6 +150,7 @@ class Batches:
     examples: int | None = None
     padding: object | None = None
     max_width: int | None = None
+    widths: tuple | None = None
     name: str = "batches"
     reads_per_host: bool = False
     steps_for: Callable[[int, int], int] | None = field(default=None, repr=False)

@@ -347,13 +347,16 @@ def batch_plan(
     global_batch: int,
     seed: int = 0,
     shuffle: bool = True,
+    group_widths: int = 1,
 ):
     """Group example indices into batches of exactly ``global_batch`` rows and one width each.
 
     Examples go to the narrowest boundary that holds them; a bucket's leftover (fewer than
     a batch) moves up to the next wider bucket; the last partial batch is completed with
     copies weighted 0. So every example appears exactly once with weight 1, every batch
-    has the static size a TPU needs, and nothing is silently dropped.
+    has the static size a TPU needs, and nothing is silently dropped. The batches come in
+    a shuffled order; with ``group_widths`` > 1 that order is arranged in runs of
+    ``group_widths`` batches of one width (``runs_of_one_width``).
 
     Returns ``(indices [n, B], widths [n], weights [n, B])`` as numpy arrays.
     """
@@ -389,11 +392,31 @@ def batch_plan(
             np.concatenate([np.ones(len(carry)), np.zeros(len(fill))]).astype(np.float32)
         )
     order = rng.permutation(len(batches)) if shuffle else np.arange(len(batches))
-    return (
-        np.stack(batches)[order],
-        np.asarray(widths, np.int32)[order],
-        np.stack(weights)[order],
-    )
+    widths = np.asarray(widths, np.int32)
+    order = order[runs_of_one_width(widths[order], group_widths)]
+    return np.stack(batches)[order], widths[order], np.stack(weights)[order]
+
+
+def runs_of_one_width(widths: Sequence[int], run: int) -> np.ndarray:
+    """An order of ``widths`` (positions into it) in runs of ``run`` equal widths, for
+    engines that fuse ``run`` steps of one shape into one compiled call
+    (``steps_per_execution`` on JAX): each width's positions keep their order, a run is
+    placed when its last member is reached, and the rest of each width (fewer than
+    ``run``) comes at the end, in the order of their first members. ``run=1`` keeps the order.
+
+    >>> runs_of_one_width([8, 16, 8, 16, 8], 2).tolist()
+    [0, 2, 1, 3, 4]
+    """
+    check_positive(group_widths=run)
+    order, pending = [], {}
+    for position, width in enumerate(np.asarray(widths).tolist()):
+        members = pending.setdefault(width, [])
+        members.append(position)
+        if len(members) == run:
+            order.extend(members)
+            members.clear()
+    rest = sorted((m for m in pending.values() if m), key=lambda m: m[0])
+    return np.asarray(order + [p for m in rest for p in m], np.int64)
 
 
 def count_steps(lengths: Sequence[int], boundaries: Sequence[int], global_batch: int) -> int:
@@ -447,6 +470,7 @@ def text_batches(
     label_column: str = "label",
     num_labels: int | None = None,
     transform=None,
+    group_widths: int = 1,
 ):
     """The ``pipeline.Batches`` of a tokenized split (``tokenize``): elements
     ``({"input_ids", "attention_mask"}, labels, weights)`` (features with
@@ -462,7 +486,9 @@ def text_batches(
     Labels are checked once, here: missing, fractional, negative (GLUE test splits carry
     -1) or, with ``num_labels``, too large values raise ``ValueError`` with the row.
     ``transform`` (a function of the dataset, such as ``observe.CompileWatch.watch``) is
-    applied to the batches before prefetching.
+    applied to the batches before prefetching. ``group_widths`` (the model's
+    ``steps_per_execution`` on the Keras 3 engine) orders each epoch in runs of that many
+    batches of one width, so that each compiled call fuses a full run (``batch_plan``).
     """
     import tensorflow as tf
 
@@ -477,7 +503,9 @@ def text_batches(
     labels = tf.constant(check_labels(split[label_column], num_labels, label_column), tf.int32)
 
     def build(epoch, skip_steps, input_context):
-        plan = batch_plan(lengths, boundaries, global_batch, seed_pair(seed, epoch), shuffle)
+        plan = batch_plan(
+            lengths, boundaries, global_batch, seed_pair(seed, epoch), shuffle, group_widths
+        )
         indices, widths, weights = (part[skip_steps:] for part in plan)
         rows = global_batch
         if input_context is not None:
@@ -510,6 +538,7 @@ def text_batches(
         examples=len(lengths),
         padding=padding_report(lengths, boundaries),
         max_width=boundaries[-1],
+        widths=tuple(boundaries),
         name="text batches",
         reads_per_host=True,
     )

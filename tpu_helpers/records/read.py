@@ -178,6 +178,7 @@ def read_records(
         global_batch,
         examples=source.num_records,
         max_width=max(widths) if widths else None,
+        widths=tuple(sorted(set(widths))) or None,
         name=f"records of {source.shards[0].path.rsplit('/', 1)[0]}",
         reads_per_host=True,
         steps_for=reading.steps_for,

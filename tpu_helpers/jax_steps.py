@@ -1,0 +1,476 @@
+"""The Keras 3 engine's compiled steps on JAX: each batch shape compiled once, steps fused.
+
+``keras3.fit_resumable``, ``keras3.evaluate`` and ``keras3.predict_classes`` run a model
+through its ``Steps`` (one per model and ``compile``, kept on the model): the model's own
+pure ``train_step``, ``test_step`` and ``predict_step`` (the loss, optimizer and metrics
+given to ``model.compile``) inside functions jitted once here, so that
+
+* each batch shape (a padding width) compiles once per model, whatever the number of
+  calls, epochs and resumes in the session (Keras 3.13-3.15's ``fit`` compiles its step
+  again at every call under a one-device ``DataParallel``: its metrics lose their
+  sharding when reset);
+* ``steps_per_execution`` steps run inside one compiled call, a ``jax.lax.scan`` over a
+  stack of batches of one shape (Keras' ``fit`` on JAX loops over one-step calls in
+  Python). A run of fewer consecutive batches of one shape is completed with steps that
+  change nothing (``lax.cond``): one compilation serves every run of that shape, and the
+  steps are the epoch's, in its order (``text.text_batches(..., group_widths=)`` orders an
+  epoch in runs of one width, so that most calls are full);
+* the steps of every width a pipeline names (``Batches.widths``) are compiled before the
+  first step, several at once (``precompile``: XLA compiles on the host's cores while the
+  next width is traced), instead of one after the other as each width first comes;
+* a thread stacks the next batches and puts them on the devices, split along the batch
+  axis, while the step runs;
+* the state (weights, optimizer, dropout seeds, metrics) stays on the devices between
+  calls, and goes back to the model's variables at an epoch's end;
+* ``compiles`` counts the compilations by kind and shape, a number to read after an epoch.
+
+>>> steps = Steps.of(model)                                          # doctest: +SKIP
+>>> steps.compiles                      # {('train', 'input_ids[32,64] ...'): 1, ...}
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Steps", "EpochReport", "shape_key"]
+
+
+def shape_key(batch) -> str:
+    """A batch's shapes, as a compilation sees them: ``[0]['input_ids'][32, 64] ...``."""
+    import jax
+
+    leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
+    return " ".join(f"{jax.tree_util.keystr(p)}{list(np.shape(a))}" for p, a in leaves)
+
+
+@dataclass
+class EpochReport:
+    """What one epoch of ``Steps.train`` did: steps, calls, seconds, the examples (rows of
+    weight > 0) and real tokens (their attention mask's ones) it trained on; and the
+    compilations of the epoch (the caller's count: some come before the first step)."""
+
+    steps: int = 0
+    calls: int = 0
+    seconds: float = 0.0
+    examples: int = 0
+    real_tokens: int = 0
+    new_compiles: int = 0
+
+    def rate(self) -> str:
+        if not self.seconds:
+            return ""
+        per = self.real_tokens or self.examples
+        return f"{per / self.seconds:,.0f} {'real tokens' if self.real_tokens else 'examples'}/s"
+
+
+class Steps:
+    """A compiled model's steps on the devices of Keras' distribution (see the module doc).
+
+    ``Steps.of(model)`` gives the model's own (made again after a new ``compile``). The
+    state passed around is ``(trainable, non_trainable, optimizer, metrics)``: lists of
+    arrays in the order of the model's and optimizer's variables.
+    """
+
+    def __init__(self, model):
+        import jax
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        self.model, self.optimizer = model, getattr(model, "optimizer", None)
+        self.per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+        self.mesh = _mesh()
+        self.devices = int(self.mesh.devices.size)
+        self.replicated = NamedSharding(self.mesh, P())
+        self.split = NamedSharding(self.mesh, P("batch"))
+        self.stacked = NamedSharding(self.mesh, P(None, "batch"))
+        self.compiles: Counter = Counter()
+        # a TPU or GPU reuses the state's memory for the new state; the CPU cannot
+        self.donate = self.mesh.devices.flat[0].platform != "cpu"
+        donate = (0,) if self.donate else ()
+        self._jitted = {
+            "train": jax.jit(
+                self._train_call, donate_argnums=donate, out_shardings=self.replicated
+            ),
+            "evaluate": jax.jit(self._test_call, out_shardings=self.replicated),
+            "predict": jax.jit(self._predict_call),
+        }
+        self._executables: dict = {}  # (kind, the arguments' shapes) -> compiled, or Future
+        self._copy = jax.jit(lambda s: jax.tree.map(lambda a: a.copy(), s))
+
+    @classmethod
+    def of(cls, model) -> Steps:
+        """The model's ``Steps``, made once per ``compile`` (optimizer and
+        ``steps_per_execution``)."""
+        steps = getattr(model, "_tpu_helpers_steps", None)
+        fresh = steps is None or steps.optimizer is not getattr(model, "optimizer", None)
+        per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+        if fresh or steps.per_call != per_call:
+            steps = cls(model)
+            model._tpu_helpers_steps = steps
+        return steps
+
+    # --- the compiled functions -----------------------------------------------------
+    def _count(self, kind: str, batch) -> None:
+        # runs while JAX traces, that is once per new shape: a compilation
+        self.compiles[(kind, shape_key(batch))] += 1
+
+    def _train_call(self, state, stack, active):
+        import jax
+
+        self._count("train", jax.tree.map(lambda a: a[0], stack))
+
+        def one(state, item):
+            batch, on = item
+
+            def step(state):
+                _, new = self.model.train_step(state, batch)
+                return jax.tree.map(lambda n, o: n.astype(o.dtype), new, state)
+
+            return jax.lax.cond(on, step, lambda state: state, state), None
+
+        state, _ = jax.lax.scan(one, state, (stack, active))
+        return state
+
+    def _test_call(self, state, batch):
+        self._count("evaluate", batch)
+        _, (_, _, metrics) = self.model.test_step(state, batch)
+        return metrics
+
+    def _predict_call(self, weights, x):
+        self._count("predict", x)
+        outputs, _ = self.model.predict_step(weights, (x,))
+        return outputs
+
+    def _run(self, kind: str, *args):
+        """``kind``'s step on ``args``, compiled once per shape of the arguments."""
+        key = (kind, _avals(args))
+        executable = self._executables.get(key)
+        if executable is None:
+            executable = self._executables[key] = self._lower(kind, args).compile()
+        elif isinstance(executable, Future):
+            executable = self._executables[key] = executable.result()
+        return executable(*args)
+
+    def _lower(self, kind: str, args):
+        import jax
+
+        specs = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=_sharding(a)), args
+        )
+        return self._jitted[kind].trace(*specs).lower()
+
+    def precompile(self, kind: str, state, batch, widths) -> None:
+        """Compile ``kind``'s step (``train``, ``evaluate``) for batches like ``batch``
+        (arrays, on the host) at each of ``widths`` (the token axis: axis 1 of the features
+        as wide as ``batch``'s), on a pool of the host's cores: each is traced here, then
+        compiled while the next is traced. Steps of those shapes later wait for theirs."""
+        import jax
+
+        pool = ThreadPoolExecutor(max(1, min(len(widths), os.cpu_count() or 1)))
+        for width in widths:
+            wide = _at_width(batch, width)
+            if kind == "train":
+                stack = jax.tree.map(lambda a: np.broadcast_to(a, (self.per_call, *a.shape)), wide)
+                stack = jax.device_put(stack, self.stacked)
+                args = (state, stack, jax.device_put(np.ones(self.per_call, bool), self.replicated))
+            else:
+                args = ((*state[:2], state[3]), jax.device_put(wide, self.split))
+            key = (kind, _avals(args))
+            if key not in self._executables:
+                self._executables[key] = pool.submit(self._lower(kind, args).compile)
+        pool.shutdown(wait=False)
+
+    # --- the state ------------------------------------------------------------------
+    def build(self, batch) -> None:
+        """Build what ``compile`` left unbuilt (metrics, loss, optimizer slots) for batches
+        like ``batch`` (``(features, labels, weights)``, arrays); an uncompiled model (to
+        predict with) only needs its weights."""
+        if self.optimizer is None:
+            if not self.model.built:
+                self.model(batch[0])
+            return
+        # Keras 3.0-3.15 build the compiled metrics so, privately; a public twin is wanting
+        self.model._symbolic_build(data_batch=tuple(batch))
+        if not self.optimizer.built:
+            self.optimizer.build(self.model.trainable_variables)
+
+    def state(self) -> tuple:
+        """The model's variables as a new state on the devices (copies: a state is
+        consumed by the step on a TPU), the metrics reset."""
+        import jax
+
+        model = self.model
+        values = (
+            [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+            [v.value for v in self.optimizer.variables],
+            [np.zeros(v.shape, v.dtype) for v in model.metrics_variables],
+        )
+        return jax.device_put(values, self.replicated, may_alias=False)
+
+    def weights(self) -> tuple:
+        """The model's trainable and non-trainable variables on the devices, for
+        ``evaluate`` and ``predict``."""
+        import jax
+
+        values = (
+            [v.value for v in self.model.trainable_variables],
+            [v.value for v in self.model.non_trainable_variables],
+        )
+        return jax.device_put(values, self.replicated)
+
+    def reset_metrics(self, state) -> tuple:
+        import jax
+
+        metrics = [np.zeros(v.shape, v.dtype) for v in self.model.metrics_variables]
+        return (*state[:3], jax.device_put(metrics, self.replicated))
+
+    def saved_values(self, state) -> list[np.ndarray]:
+        """The state's weights, non-trainable variables and optimizer, on the host, in the
+        order of ``keras3``'s saves."""
+        import jax
+
+        return [np.asarray(a) for a in jax.device_get([*state[0], *state[1], *state[2]])]
+
+    def write_back(self, state) -> tuple:
+        """Put the state into the model's variables (what ``model(...)``, ``save`` and the
+        callbacks read); returns the state to go on with."""
+        variables = (
+            self.model.trainable_variables,
+            self.model.non_trainable_variables,
+            self.optimizer.variables,
+            self.model.metrics_variables,
+        )
+        into = self._copy(state) if self.donate else state  # the next step consumes state
+        for group, values in zip(variables, into, strict=True):
+            for variable, value in zip(group, values, strict=True):
+                variable.assign(value)
+        return state
+
+    def results(self, metrics) -> dict:
+        """The metrics' results (``loss``, ``accuracy`` ...) of these metric values."""
+        from keras.src.backend import StatelessScope
+
+        mapping = list(zip(self.model.metrics_variables, metrics, strict=True))
+        with StatelessScope(state_mapping=mapping):
+            return {k: float(v) for k, v in self.model.get_metrics_result().items()}
+
+    # --- runs -----------------------------------------------------------------------
+    def check_batch(self, global_batch: int, name: str = "the data") -> None:
+        if global_batch % self.devices:
+            per = max(1, global_batch // self.devices)
+            raise ValueError(
+                f"{name}: a global batch of {global_batch} rows does not split over"
+                f" {self.devices} devices. Fix: a global batch that is a multiple of"
+                f" {self.devices} (per-device batch x devices, e.g. {per * self.devices})."
+            )
+
+    def train(
+        self,
+        state,
+        dataset,
+        steps: int,
+        after_call: Callable[[tuple, int], None] | None = None,
+    ) -> tuple[tuple, EpochReport]:
+        """``steps`` steps on the batches of ``dataset`` (a ``tf.data.Dataset``), from the
+        ``state`` given; ``after_call(state, steps done)`` after each compiled call.
+        Returns the new state and the epoch's report."""
+        import jax
+
+        report, start = EpochReport(), time.perf_counter()
+        for stack, active, count in _Feed(self, dataset.take(steps), self.per_call):
+            state = self._run("train", state, stack, active)
+            report.steps += count.steps
+            report.calls += 1
+            report.examples += count.examples
+            report.real_tokens += count.real_tokens
+            if after_call is not None:
+                after_call(state, report.steps)
+        jax.block_until_ready(state)
+        report.seconds = time.perf_counter() - start
+        return state, report
+
+    def evaluate(self, weights, dataset, steps: int) -> dict:
+        """The metrics over ``steps`` batches of ``dataset``, with ``weights`` (trainable and
+        non-trainable values: a state's first two)."""
+        import jax
+
+        metrics = jax.device_put(
+            [np.zeros(v.shape, v.dtype) for v in self.model.metrics_variables], self.replicated
+        )
+        for batch, _, _ in _Feed(self, dataset.take(steps), None):
+            metrics = self._run("evaluate", (*weights, metrics), batch)
+        return self.results(jax.device_get(metrics))
+
+    def predict(self, weights, dataset, steps: int) -> np.ndarray:
+        """The model's outputs for ``steps`` batches of ``dataset`` (features first), with
+        ``weights`` (as in ``evaluate``), concatenated on the host."""
+        import jax
+
+        outputs = [
+            self._run("predict", weights, batch[0])
+            for batch, _, _ in _Feed(self, dataset.take(steps), None)
+        ]
+        return np.concatenate([np.asarray(o) for o in jax.device_get(outputs)])
+
+
+def _avals(args) -> tuple:
+    import jax
+
+    return tuple((np.shape(a), str(a.dtype)) for a in jax.tree.leaves(args))
+
+
+def _sharding(array):
+    return getattr(array, "sharding", None)
+
+
+def _at_width(batch, width: int):
+    """``batch`` (features, labels, weights) with its token features ``width`` wide: the
+    features of two or more axes whose axis 1 is as wide as ``input_ids``' (zeros)."""
+    features, *rest = batch
+    tokens = np.shape(features["input_ids"])[1] if "input_ids" in features else None
+    resized = {
+        name: (
+            np.zeros((a.shape[0], width, *a.shape[2:]), a.dtype)
+            if tokens is not None and a.ndim >= 2 and a.shape[1] == tokens
+            else a
+        )
+        for name, a in features.items()
+    }
+    return (resized, *rest)
+
+
+def _mesh():
+    """A one-axis ``batch`` mesh of the devices Keras' distribution splits batches over
+    (``keras3.connect``), or of JAX's first device when none is set."""
+    import jax
+    import keras
+
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        found = np.asarray(jax.devices()[:1])
+    else:
+        found = np.asarray(distribution.device_mesh.devices).reshape(-1)
+    if jax.process_count() > 1:
+        raise NotImplementedError(
+            f"{jax.process_count()} JAX processes: the Keras 3 engine's steps feed the"
+            " devices of one process. Fix: run on one host (a v5e-8 or smaller)."
+        )
+    return jax.sharding.Mesh(found, ("batch",))
+
+
+@dataclass
+class _Count:
+    steps: int
+    examples: int
+    real_tokens: int
+
+
+_END = object()
+
+
+class _Feed:
+    """The batches of ``dataset`` on the devices, made by a thread two calls ahead.
+
+    With ``per_call`` (an int), each item is ``(stack, active, count)``: up to
+    ``per_call`` consecutive batches of one shape stacked on a new first axis, completed
+    to ``per_call`` with copies of the last that ``active`` marks off. With ``None``,
+    each item is one batch. Each is split along its batch axis over the devices. An error
+    met while reading is raised where the items are taken.
+    """
+
+    def __init__(self, steps: Steps, dataset, per_call: int | None, depth: int = 2):
+        self.steps, self.per_call = steps, per_call
+        self.items: queue.Queue = queue.Queue(depth)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._fill, args=(dataset,), daemon=True)
+        self.thread.start()
+
+    def _put(self, item) -> bool:
+        while not self.stopped.is_set():
+            try:
+                self.items.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _fill(self, dataset) -> None:
+        try:
+            group: list = []
+            for batch in dataset.as_numpy_iterator():
+                if self.per_call is None:
+                    if not self._put(self._place(batch)):
+                        return
+                    continue
+                if group and _shapes(batch) != _shapes(group[0]):
+                    if not self._put(self._stack(group)):
+                        return
+                    group = []
+                group.append(batch)
+                if len(group) == self.per_call:
+                    if not self._put(self._stack(group)):
+                        return
+                    group = []
+            if group:
+                self._put(self._stack(group))
+            self._put(_END)
+        except BaseException as error:  # raised again in the consumer's thread
+            self._put(error)
+
+    def _place(self, batch):
+        import jax
+
+        count = _count([batch])
+        return jax.device_put(tuple(batch), self.steps.split), None, count
+
+    def _stack(self, group: list):
+        import jax
+
+        count = _count(group)
+        filled = group + [group[-1]] * (self.per_call - len(group))
+        stack = jax.tree.map(lambda *rows: np.stack(rows), *[tuple(b) for b in filled])
+        active = np.arange(self.per_call) < len(group)
+        return (
+            jax.device_put(stack, self.steps.stacked),
+            jax.device_put(active, self.steps.replicated),
+            count,
+        )
+
+    def __iter__(self) -> Iterator:
+        try:
+            while True:
+                item = self.items.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.stopped.set()
+
+
+def _shapes(batch) -> list:
+    import jax
+
+    return [np.shape(leaf) for leaf in jax.tree.leaves(batch)]
+
+
+def _count(group: list) -> _Count:
+    examples = tokens = 0
+    for features, _, weights in group:
+        kept = np.asarray(weights) > 0
+        examples += int(kept.sum())
+        mask = features.get("attention_mask") if isinstance(features, dict) else None
+        if mask is not None:
+            tokens += int(np.asarray(mask)[kept].sum())
+    return _Count(len(group), examples, tokens)
