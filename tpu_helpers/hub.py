@@ -47,6 +47,7 @@ __all__ = [
     "from_pretrained",
     "load_tokenizer",
     "save_hub_layout",
+    "write_hub_weights",
 ]
 
 logger = logging.getLogger(__name__)
@@ -389,11 +390,20 @@ def save_hub_layout(model, folder, *, max_shard_bytes: int | None = None) -> lis
     above loads them back into the TF class.
     """
     import numpy as np
+
+    names = write_hub_weights(_pytorch_tensors(model, np), folder, max_shard_bytes)
+    model.config.save_pretrained(folder)
+    return [*names, "config.json"]
+
+
+def write_hub_weights(tensors: dict, folder, max_shard_bytes: int | None = None) -> list[str]:
+    """Write ``tensors`` (PyTorch name -> array in PyTorch's layout) to ``folder`` as the
+    hub serves them: ``model.safetensors`` (metadata ``format: pt``), or shards of at most
+    ``max_shard_bytes`` with ``model.safetensors.index.json``. Returns the files written."""
     from safetensors.numpy import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = _pytorch_tensors(model, np)
     shards = _split(tensors, max_shard_bytes)
     names = (
         [SAFETENSORS]
@@ -409,8 +419,7 @@ def save_hub_layout(model, folder, *, max_shard_bytes: int | None = None) -> lis
         }
         (folder / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
         names.append(SAFETENSORS_INDEX)
-    model.config.save_pretrained(folder)
-    return [*names, "config.json"]
+    return names
 
 
 def _pytorch_tensors(model, np) -> dict:

@@ -54,6 +54,8 @@ __all__ = [
     "checkpoint_folder",
     "classifier",
     "compile_classifier",
+    "HubSource",
+    "save_hub_layout",
     "ResumePoint",
     "fit_resumable",
     "evaluate",
@@ -153,6 +155,10 @@ class Head:
         fold_token_type: add the token-type embedding of type 0 to the position embeddings,
             as transformers adds it to every token (KerasHub's RoBERTa converter drops it;
             its XLM-RoBERTa one folds it so).
+        architecture: the transformers class whose checkpoint this head makes
+            (``save_hub_layout`` writes it into ``config.json``).
+        folded: the position embeddings hold the token-type row 0 (ours or the
+            converter's fold): taken out again when saving in the hub's layout.
     """
 
     take: str
@@ -161,6 +167,8 @@ class Head:
     optional: tuple = ()
     backbone: tuple = ()
     fold_token_type: bool = False
+    architecture: str = ""
+    folded: bool = False
 
 
 _TEXT = {"input_ids": "token_ids", "attention_mask": "padding_mask"}
@@ -180,12 +188,14 @@ HEADS = {
         _PAIRS,
         ("pooler.",),
         (("dropout", "hidden_dropout_prob"),),
+        architecture="BertForSequenceClassification",
     ),
     "albert": Head(
         "pooled",
         (("dropout", ("classifier_dropout_prob",)), ("dense", "classifier", None)),
         _PAIRS,
         ("pooler.",),
+        architecture="AlbertForSequenceClassification",
     ),
     "distilbert": Head(
         "first",
@@ -195,14 +205,31 @@ HEADS = {
             ("dense", "classifier", None),
         ),
         _TEXT,
+        architecture="DistilBertForSequenceClassification",
     ),
-    "roberta": Head("first", _ROBERTA_STEPS, _TEXT, fold_token_type=True),
-    "xlm-roberta": Head("first", _ROBERTA_STEPS, _TEXT, (), (("dropout", "hidden_dropout_prob"),)),
+    "roberta": Head(
+        "first",
+        _ROBERTA_STEPS,
+        _TEXT,
+        fold_token_type=True,
+        architecture="RobertaForSequenceClassification",
+        folded=True,
+    ),
+    "xlm-roberta": Head(
+        "first",
+        _ROBERTA_STEPS,
+        _TEXT,
+        (),
+        (("dropout", "hidden_dropout_prob"),),
+        architecture="XLMRobertaForSequenceClassification",
+        folded=True,
+    ),
     "vit": Head(
         "first",
         (("dense", "classifier", None),),
         {"pixel_values": "images"},
         backbone=(("layer_norm_epsilon", "layer_norm_eps"),),
+        architecture="ViTForImageClassification",
     ),
 }
 
@@ -251,6 +278,7 @@ class _Reader:
                 where = dict.fromkeys(archive.keys(), "model.safetensors")
         self.folder, self.where, self.optional = folder, where, optional
         self.read, self.skipped, self._open = set(), [], {}
+        self.ported: list[tuple] = []  # (variable, name asked for, hook_fn), in order
 
     def find(self, name: str) -> str | None:
         if name in self.where:
@@ -288,6 +316,7 @@ class _Reader:
         return self._archive(full).get_tensor(full)
 
     def port_weight(self, keras_variable, hf_weight_key, hook_fn=None):
+        self.ported.append((keras_variable, hf_weight_key, hook_fn))
         optional = any(f".{name}" in f".{hf_weight_key}" for name in self.optional)
         if optional and self.find(hf_weight_key) is None:
             self.skipped.append(hf_weight_key)
@@ -378,7 +407,9 @@ def classifier(
     loaded = _load_head(layers, reader, num_labels, ignore_mismatched_sizes, checkpoint)
     if verbose:
         _say_what_was_read(checkpoint, reader, layers, loaded)
-    return _classifier_class(keras)(network)
+    model = _classifier_class(keras)(network)
+    model.hub_source = HubSource(folder, config, head, reader, layers)
+    return model
 
 
 def _backbone(keras, folder: Path, config: dict, head: Head):
@@ -498,6 +529,158 @@ def compile_classifier(
         steps_per_execution=steps_per_execution,
     )
     return model
+
+
+# ------------------------------------------------------------------ the hub's layout
+
+
+@dataclass(frozen=True, eq=False)
+class HubSource:
+    """Where a ``classifier`` came from, and how each weight was read: enough to write the
+    trained model back in the hub's layout (``save_hub_layout``)."""
+
+    folder: Path
+    config: dict
+    head: Head
+    reader: _Reader
+    layers: list
+
+
+def save_hub_layout(
+    model, folder, *, id2label: dict | None = None, max_shard_bytes: int | None = None
+) -> list[str]:
+    """Write ``model`` (a ``classifier``, trained or not) to ``folder`` (local or ``gs://``) as the hub
+    serves a fine-tuned checkpoint: PyTorch-named ``model.safetensors`` (or shards), the
+    ``config.json`` of a ``*ForSequenceClassification`` (``*ForImageClassification``) with
+    its number of labels (``id2label`` names them), and the checkpoint's tokenizer or
+    processor files. ``classifier``, KerasHub's ``from_preset``, the TF engine
+    (``hub.from_pretrained``) and PyTorch load it back with the same logits. Returns the
+    files written.
+
+    Each encoder weight goes back through the inverse of the layout change KerasHub's
+    converter made when reading it (transposes, reshapes, rows taken), starting from the
+    checkpoint's own tensor for what the engine does not hold (XLM-RoBERTa's two padding
+    positions); the token-type row folded into the positions is taken out again.
+    """
+    from tpu_helpers.hub import write_hub_weights
+
+    source = getattr(model, "hub_source", None)
+    if not isinstance(source, HubSource):
+        raise EngineError(
+            f"{type(model).__name__} was not made by keras3.classifier, so the hub's names"
+            " of its weights are unknown. Fix: build it with keras3.classifier(checkpoint),"
+            " or save it in the Keras format with model.save('model.keras')."
+        )
+    if "://" in str(folder):  # a bucket: written here, then copied
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as local:
+            names = save_hub_layout(
+                model, local, id2label=id2label, max_shard_bytes=max_shard_bytes
+            )
+            gfile, target = _gfile(), str(folder).rstrip("/")
+            gfile.makedirs(target)
+            for name in names:
+                gfile.copy(f"{local}/{name}", f"{target}/{name}", overwrite=True)
+        return names
+    folder = Path(folder)
+    tensors = _hub_tensors(source)
+    names = write_hub_weights(tensors, folder, max_shard_bytes)
+    labels = int(source.layers[-1][1].units)
+    id2label = {int(k): v for k, v in (id2label or {}).items()} or {
+        i: (source.config.get("id2label") or {}).get(str(i), f"LABEL_{i}") for i in range(labels)
+    }
+    if sorted(id2label) != list(range(labels)):
+        raise ValueError(
+            f"id2label={id2label!r} must name each of the {labels} classes 0..{labels - 1}."
+            f" Fix: {{0: 'negative', 1: 'positive'}} for two classes."
+        )
+    config = {
+        **source.config,
+        "architectures": [source.head.architecture],
+        "id2label": {str(i): name for i, name in sorted(id2label.items())},
+        "label2id": {name: i for i, name in sorted(id2label.items())},
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    copied = _copy_preprocessing_files(source.folder, folder)
+    return [*names, "config.json", *copied]
+
+
+def _hub_tensors(source: HubSource) -> dict:
+    """PyTorch name -> array of every weight the classifier holds."""
+    reader, prefix = source.reader, _prefix(source.reader)
+    type_row = None
+    if source.head.folded and reader.find("embeddings.token_type_embeddings.weight"):
+        type_row = reader.get_tensor("embeddings.token_type_embeddings.weight")[0]
+    tensors = {}
+    for variable, name, hook in reader.ported:
+        full = reader.find(name) or prefix + name
+        value = np.asarray(variable.value, np.float32)
+        if type_row is not None and full.endswith("embeddings.position_embeddings.weight"):
+            value = value - type_row
+        original = reader.get_tensor(full) if full in reader.where else None
+        tensors[full] = _unconvert(value, hook, original, full)
+    for full in sorted(reader.read - set(tensors)):  # read, not trained: token types
+        tensors[full] = reader.get_tensor(full)
+    for name, layer in source.layers:
+        kernel, bias = (np.asarray(w, np.float32) for w in layer.get_weights())
+        tensors[f"{name}.weight"] = np.ascontiguousarray(kernel.T)  # PyTorch: [out, in]
+        tensors[f"{name}.bias"] = bias
+    return tensors
+
+
+def _prefix(reader: _Reader) -> str:
+    """The model prefix of the checkpoint's names (``bert.``), or ``""``."""
+    for _, name, _ in reader.ported:
+        full = reader.find(name)
+        if full and full != name and full.endswith(name):
+            return full[: -len(name)]
+    return ""
+
+
+def _unconvert(value: np.ndarray, hook, original, name: str) -> np.ndarray:
+    """``value`` (Keras' layout) in the checkpoint's layout: the inverse of ``hook`` (a
+    converter's function of the checkpoint's tensor), found by passing it the positions of
+    that tensor's elements and writing ``value`` back at the positions it took."""
+    if hook is None:
+        return np.ascontiguousarray(
+            value.reshape(original.shape if original is not None else value.shape)
+        )
+    shapes = [original.shape] if original is not None else [value.shape, value.shape[::-1]]
+    for shape in shapes:
+        positions = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape)
+        taken = np.asarray(hook(positions, list(value.shape)))
+        if taken.shape != value.shape:
+            continue
+        flat = taken.reshape(-1)
+        exact = np.array_equal(flat, np.round(flat)) and len(np.unique(flat)) == flat.size
+        whole = original is not None or flat.size == positions.size
+        if not (exact and whole):
+            break
+        out = (original.copy() if original is not None else np.zeros(shape, value.dtype)).reshape(
+            -1
+        )
+        out[flat.astype(np.int64)] = value.reshape(-1)
+        return out.reshape(shape).astype(value.dtype)
+    raise EngineError(
+        f"{name}: KerasHub's converter changed this weight in a way that is not a"
+        " rearrangement of its elements, so it cannot be written back in the hub's layout."
+        " Fix: save it in the Keras format (model.save('model.keras'))."
+    )
+
+
+def _copy_preprocessing_files(source: Path, target: Path) -> list[str]:
+    """The checkpoint's tokenizer / processor files (every file but the weights and the
+    config), copied into ``target``."""
+    import shutil
+
+    weights = (".safetensors", ".bin", ".h5", ".msgpack", ".ckpt", ".index.json", ".pt")
+    copied = []
+    for path in sorted(source.iterdir()):
+        if path.is_file() and path.name != "config.json" and not path.name.endswith(weights):
+            shutil.copy(path, target / path.name)
+            copied.append(path.name)
+    return copied
 
 
 # --------------------------------------------------------------------- resumable fit
