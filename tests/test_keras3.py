@@ -25,8 +25,12 @@ else:
     keras_hub = pytest.importorskip("keras_hub")
 
 from tpu_helpers import keras3  # noqa: E402
+from tpu_helpers.errors import (  # noqa: E402
+    CheckpointFormatError,
+    CheckpointMismatchError,
+    TpuHelpersError,
+)
 from tpu_helpers.fixtures import ENGINE_LEARNING_RATE  # noqa: E402
-from tpu_helpers.hub import CheckpointFormatError  # noqa: E402
 from tpu_helpers.runtime import KERAS3_FAMILIES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,7 +232,7 @@ def test_a_run_directory_of_another_plan_is_refused_before_any_step(fixtures_dir
     saves = keras3._Saves(str(tmp_path), {"steps_per_epoch": 1, "global_batch": 8})
     saves.save(model, keras3.ResumePoint(0, 1), {})
     other = from_arrays(features, ref["labels"], global_batch=16)  # 1 step of 16
-    with pytest.raises(keras3.EngineError, match="'global_batch': 8"):
+    with pytest.raises(CheckpointMismatchError, match="global_batch was 8 there and is 16"):
         keras3.fit_resumable(model, other, 1, str(tmp_path))
 
 
@@ -419,6 +423,32 @@ def test_fused_steps_give_the_weights_of_one_step_per_call(fixtures_dir, tmp_pat
     assert moved > 1e-3
     for fused, one in zip(trained[4], trained[1], strict=True):
         np.testing.assert_allclose(fused, one, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_and_optimizer_made_again_resume_the_run_and_bad_settings_are_refused(
+    fixtures_dir, tmp_path
+):
+    checkpoint, train = _cola_batches(fixtures_dir)
+
+    def made_again():  # what re-running a notebook's model and compile cells makes
+        model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
+        return keras3.compile_classifier(model, 1e-3)
+
+    keras3.fit_resumable(made_again(), train, 1, str(tmp_path), verbose=0)
+    history = keras3.fit_resumable(made_again(), train, 2, str(tmp_path), verbose=0)
+    assert len(history["loss"]) == 2
+    model = made_again()
+    for bad, match in (
+        ({"every_minutes": "10"}, "every_minutes='10' must be a number of minutes"),
+        ({"every_steps": -3}, "every_steps"),
+        ({"epochs": 0}, "epochs"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            keras3.fit_resumable(model, train, **{"epochs": 1, "directory": "x", **bad})
+    keras3.fit_resumable(model, train, 1, str(tmp_path / "ab"), run={"model": "a"}, verbose=0)
+    with pytest.raises(CheckpointMismatchError, match="model was 'a' there and is 'b' now"):
+        keras3.fit_resumable(model, train, 2, str(tmp_path / "ab"), run={"model": "b"})
+    assert issubclass(CheckpointMismatchError, TpuHelpersError)
 
 
 def test_a_global_batch_the_devices_cannot_split_is_refused_before_any_step(fixtures_dir):

@@ -33,19 +33,17 @@ import time
 from collections.abc import Callable
 
 from tpu_helpers.checks import first_line
+from tpu_helpers.errors import CheckpointMismatchError
 from tpu_helpers.validate import check_positive
 
 __all__ = [
     "CheckpointMismatchError",
     "RunCheckpoints",
+    "check_same_run",
     "fit_resumable",
     "model_config",
     "data_errors_explained",
 ]
-
-
-class CheckpointMismatchError(RuntimeError):
-    """A checkpoint cannot be read, or does not belong to this model, optimizer or run."""
 
 
 class RunCheckpoints:
@@ -88,16 +86,7 @@ class RunCheckpoints:
         if not self.run or not tf.io.gfile.exists(self.run_file):
             return
         with tf.io.gfile.GFile(self.run_file) as f:
-            recorded = json.load(f)
-        for key in sorted(recorded.keys() & self.run.keys()):
-            if recorded[key] != self.run[key]:
-                raise CheckpointMismatchError(
-                    f"{self.directory} holds the checkpoints of another run: {key} was"
-                    f" {recorded[key]!r} there and is {self.run[key]!r} now (the data"
-                    " position and the schedule would not match). Fix: run with"
-                    f" {key}={recorded[key]!r} to resume it, or pass a new checkpoint folder"
-                    " to start afresh (the old one is kept)."
-                )
+            check_same_run(self.directory, json.load(f), self.run)
 
     def restore(self) -> int:
         """Load the newest readable checkpoint, if any; return the step it resumes at.
@@ -184,6 +173,21 @@ class RunCheckpoints:
             with tf.io.gfile.GFile(self.run_file, "w") as f:
                 json.dump(self.run, f, indent=1, sort_keys=True)
         return self.manager.save(checkpoint_number=self.step)
+
+
+def check_same_run(directory: str, recorded: dict, now: dict) -> None:
+    """Refuse the saves in ``directory`` if they are of another run: what both ``recorded``
+    (when they were written) and ``now`` name (steps per epoch, global batch, model, data
+    ...) must be equal. Both engines' ``fit_resumable`` check so before any step."""
+    recorded, now = (json.loads(json.dumps(r, sort_keys=True)) for r in (recorded, now))
+    for key in sorted(recorded.keys() & now.keys()):
+        if recorded[key] != now[key]:
+            raise CheckpointMismatchError(
+                f"{directory} holds the saves of another run: {key} was {recorded[key]!r}"
+                f" there and is {now[key]!r} now (the data position and the schedule would"
+                f" not match). Fix: run with {key}={recorded[key]!r} to resume it, or pass a"
+                " new folder to start afresh (the old one is kept)."
+            )
 
 
 def _saver(checkpoints: RunCheckpoints, every_steps: int | None, every_minutes: float | None):

@@ -39,6 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpu_helpers.errors import CheckpointFormatError
+
 __all__ = [
     "CheckpointFormatError",
     "Weights",
@@ -58,10 +60,6 @@ TF_H5 = "tf_model.h5"
 TF_H5_INDEX = "tf_model.h5.index.json"
 TORCH_PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 HUB_OPTIONS = ("revision", "cache_dir", "token", "subfolder", "local_files_only")
-
-
-class CheckpointFormatError(ValueError):
-    """A checkpoint whose weights cannot be read into a TF class, or do not fit it."""
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,15 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
-from tpu_helpers.hub import CheckpointFormatError, _resolve, find_weights
+from tpu_helpers.errors import CheckpointFormatError, CheckpointMismatchError, EngineError
+from tpu_helpers.hub import _resolve, find_weights
 from tpu_helpers.pipeline import require_batches
 from tpu_helpers.runtime import KERAS3_FAMILIES
+from tpu_helpers.validate import check_positive
 
 __all__ = [
     "EngineError",
@@ -62,10 +65,6 @@ __all__ = [
     "predict_classes",
     "compilations",
 ]
-
-
-class EngineError(RuntimeError):
-    """The Keras 3 engine cannot run here as asked (backend, devices, family)."""
 
 
 # ---------------------------------------------------------------------------- devices
@@ -757,31 +756,26 @@ class _Saves:
     def restore(self, model) -> tuple[ResumePoint, dict]:
         """The point to resume from and the history so far (``(0, 0)`` and ``{}`` for a
         new run), with the saved state put into ``model`` and its optimizer."""
+        from tpu_helpers.checkpoints import check_same_run
+
         latest = self.latest()
         if latest is None:
             return ResumePoint(0, 0), {}
-        if latest["run"] != self.run:
-            raise EngineError(
-                f"{self.directory} holds a run of {latest['run']}, not of {self.run}. Fix: a"
-                " new directory for a new run (or another data plan), or delete this one to"
-                " start over."
-            )
+        check_same_run(self.directory, latest["run"], self.run)
         variables = _state(model)
         have = [[v.path, list(v.shape)] for v in variables]
-        if have != latest["variables"]:
-            differ = next(
-                (
-                    i
-                    for i, (h, w) in enumerate(zip(have, latest["variables"], strict=False))
-                    if h != w
-                ),
-                min(len(have), len(latest["variables"])),
-            )
-            raise EngineError(
+        saved = latest["variables"]
+        # shapes in order: a model and optimizer made again have other layer numbers
+        differ = next(
+            (i for i, (h, w) in enumerate(zip(have, saved, strict=False)) if h[1] != w[1]),
+            None if len(have) == len(saved) else min(len(have), len(saved)),
+        )
+        if differ is not None:
+            raise CheckpointMismatchError(
                 f"{self.directory}: the saved state does not fit this model: {len(have)}"
-                f" variables here, {len(latest['variables'])} saved, the first difference at"
+                f" variables here, {len(saved)} saved, the first difference at"
                 f" #{differ} ({have[differ] if differ < len(have) else '-'} here,"
-                f" {latest['variables'][differ] if differ < len(latest['variables']) else '-'}"
+                f" {saved[differ] if differ < len(saved) else '-'}"
                 " saved): another checkpoint, head or optimizer. Fix: a new directory."
             )
         with self.gfile.GFile(f"{self.directory}/{latest['file']}", "rb") as f:
@@ -857,14 +851,19 @@ def fit_resumable(
     steps after the resume), as ``{name: [value per epoch]}`` with ``val_`` names.
     """
     keras = _keras()
-    from tpu_helpers.checkpoints import data_errors_explained
+    from tpu_helpers.checkpoints import _check_save_every, data_errors_explained
 
+    check_positive(epochs=epochs)
+    _check_save_every(every_steps, every_minutes, directory)
     if getattr(model, "optimizer", None) is None:
         raise EngineError(
             "the model is not compiled. Fix: keras3.compile_classifier(model, learning_rate)"
             " or model.compile(...) before fit_resumable."
         )
     steps = _steps_for(model, train, validation, where="keras3.fit_resumable")
+    source = getattr(model, "hub_source", None)
+    if isinstance(source, HubSource):  # rows wider than the positions, before any step
+        train.check_positions(SimpleNamespace(**source.config))
     per_epoch = train.steps_per_epoch
     plan = {"steps_per_epoch": per_epoch, "global_batch": train.global_batch}
     saves = _Saves(directory, {**plan, **(run or {})})

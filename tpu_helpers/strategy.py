@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 
 from tpu_helpers._env import distribution_version
 from tpu_helpers.checks import first_line
+from tpu_helpers.errors import TpuHelpersError
 from tpu_helpers.runtime import RuntimeFacts, detect_runtime
 
 __all__ = [
@@ -31,7 +32,7 @@ __all__ = [
 _TPU_STRATEGIES: dict[str, object] = {}
 
 
-class TPUConnectionError(RuntimeError):
+class TPUConnectionError(TpuHelpersError, RuntimeError):
     """No TPU could be resolved from any of the names that were tried."""
 
 

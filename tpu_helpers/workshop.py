@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from tpu_helpers.errors import TpuHelpersError
+
 __all__ = [
     "ExerciseCheckError",
     "check_replica_total",
@@ -41,7 +43,7 @@ __all__ = [
 ]
 
 
-class ExerciseCheckError(AssertionError):
+class ExerciseCheckError(TpuHelpersError, AssertionError):
     """An exercise's answer does not have the property the exercise is about."""
 
 

@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from tpu_helpers.checks import FAIL, PASS, SKIP, WARN, Check, first_line
+from tpu_helpers.errors import TpuHelpersError
 from tpu_helpers.metrics import logits_of
 from tpu_helpers.validate import check_positive
 
@@ -207,7 +208,7 @@ def xla_target(refresh: bool = False) -> XlaTarget:
     return target
 
 
-class XlaUnavailableError(RuntimeError):
+class XlaUnavailableError(TpuHelpersError, RuntimeError):
     """Compiled steps cannot run in this process (see ``xla_target().note``)."""
 
 
@@ -330,7 +331,7 @@ def tracing_count(function) -> int:
 
 
 # --- preflight -------------------------------------------------------------------------
-class PreflightError(RuntimeError):
+class PreflightError(TpuHelpersError, RuntimeError):
     """A preflight check failed; the message is the whole report, and ``report`` the
     ``PreflightReport`` (``report.failures``: the checks that failed)."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from tpu_helpers.errors import TpuHelpersError
 from tpu_helpers.storage import SHARED_SCHEMES  # noqa: F401  (re-exported)
 
 FORMAT = "tpu_helpers.records/1"
@@ -47,5 +48,5 @@ def split_files(folder: str, split: str) -> list[str]:
 
 
 # --- reading -------------------------------------------------------------------------
-class RecordsError(ValueError):
+class RecordsError(TpuHelpersError, ValueError):
     """Records and their metadata disagree, or a shard is corrupt."""
