@@ -42,9 +42,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from tpu_helpers.errors import CheckpointFormatError, CheckpointMismatchError, EngineError
+from tpu_helpers.families import FAMILIES, KERAS3, Head
 from tpu_helpers.hub import _resolve, find_weights
 from tpu_helpers.pipeline import require_batches
-from tpu_helpers.runtime import KERAS3_FAMILIES
 from tpu_helpers.validate import check_positive
 
 __all__ = [
@@ -134,103 +134,8 @@ def replicas(distribution) -> int:
 # ----------------------------------------------------------------------------- heads
 
 
-@dataclass(frozen=True)
-class Head:
-    """How a family's ``*ForSequenceClassification`` (or ``*ForImageClassification``)
-    classifies, as a recipe over KerasHub's backbone of that family.
-
-    Attributes:
-        take: ``"pooled"`` (the backbone's pooled output, its pooler included) or
-            ``"first"`` (the first token of its last hidden states).
-        steps: in order, ``("dropout", config fields)`` (the first field the config sets
-            gives the rate) or ``("dense", checkpoint name, activation)``; the last dense is
-            the classifier itself.
-        inputs: our pipelines' feature names -> the backbone's input names.
-        optional: checkpoint names a base checkpoint may lack (a masked-LM save has no
-            pooler): left as initialised, and said so.
-        backbone: backbone arguments -> the config field that sets them, where KerasHub's
-            converter leaves the backbone's default (BERT's dropout is 0.1 and ViT's layer
-            norm epsilon 1e-6, whatever the config says).
-        fold_token_type: add the token-type embedding of type 0 to the position embeddings,
-            as transformers adds it to every token (KerasHub's RoBERTa converter drops it;
-            its XLM-RoBERTa one folds it so).
-        architecture: the transformers class whose checkpoint this head makes
-            (``save_hub_layout`` writes it into ``config.json``).
-        folded: the position embeddings hold the token-type row 0 (ours or the
-            converter's fold): taken out again when saving in the hub's layout.
-    """
-
-    take: str
-    steps: tuple
-    inputs: dict
-    optional: tuple = ()
-    backbone: tuple = ()
-    fold_token_type: bool = False
-    architecture: str = ""
-    folded: bool = False
-
-
-_TEXT = {"input_ids": "token_ids", "attention_mask": "padding_mask"}
-_PAIRS = {**_TEXT, "token_type_ids": "segment_ids"}
-_ROBERTA_STEPS = (
-    ("dropout", ("classifier_dropout", "hidden_dropout_prob")),
-    ("dense", "classifier.dense", "tanh"),
-    ("dropout", ("classifier_dropout", "hidden_dropout_prob")),
-    ("dense", "classifier.out_proj", None),
-)
-#: The families the engine trains (``runtime.KERAS3_FAMILIES``), each as transformers
-#: defines its classification head.
-HEADS = {
-    "bert": Head(
-        "pooled",
-        (("dropout", ("classifier_dropout", "hidden_dropout_prob")), ("dense", "classifier", None)),
-        _PAIRS,
-        ("pooler.",),
-        (("dropout", "hidden_dropout_prob"),),
-        architecture="BertForSequenceClassification",
-    ),
-    "albert": Head(
-        "pooled",
-        (("dropout", ("classifier_dropout_prob",)), ("dense", "classifier", None)),
-        _PAIRS,
-        ("pooler.",),
-        architecture="AlbertForSequenceClassification",
-    ),
-    "distilbert": Head(
-        "first",
-        (
-            ("dense", "pre_classifier", "relu"),
-            ("dropout", ("seq_classif_dropout",)),
-            ("dense", "classifier", None),
-        ),
-        _TEXT,
-        architecture="DistilBertForSequenceClassification",
-    ),
-    "roberta": Head(
-        "first",
-        _ROBERTA_STEPS,
-        _TEXT,
-        fold_token_type=True,
-        architecture="RobertaForSequenceClassification",
-        folded=True,
-    ),
-    "xlm-roberta": Head(
-        "first",
-        _ROBERTA_STEPS,
-        _TEXT,
-        (),
-        (("dropout", "hidden_dropout_prob"),),
-        architecture="XLMRobertaForSequenceClassification",
-        folded=True,
-    ),
-    "vit": Head(
-        "first",
-        (("dense", "classifier", None),),
-        {"pixel_values": "images"},
-        backbone=(("layer_norm_epsilon", "layer_norm_eps"),),
-        architecture="ViTForImageClassification",
-    ),
-}
+#: The Keras 3 engine's head of each family it trains (``families.KERAS3``).
+HEADS = {name: FAMILIES[name].keras3 for name in KERAS3}
 
 
 def checkpoint_folder(checkpoint: str, **options) -> tuple[Path, dict]:
@@ -248,7 +153,7 @@ def checkpoint_folder(checkpoint: str, **options) -> tuple[Path, dict]:
     if family not in HEADS:
         raise EngineError(
             f"{checkpoint!r} is a {family!r} checkpoint; the Keras 3 engine trains"
-            f" {', '.join(KERAS3_FAMILIES)}. Fix: train it on the TF engine (notebooks 01-04)."
+            f" {', '.join(KERAS3)}. Fix: train it on the TF engine (notebooks 01-04)."
         )
     weights = find_weights(str(checkpoint), **options)
     if weights.layout != "pytorch-safetensors":

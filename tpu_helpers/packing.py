@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tpu_helpers.families import FAMILIES as FAMILY_TABLE
+from tpu_helpers.families import PACKED
 from tpu_helpers.validate import (
     check_labels,
     check_positive,
@@ -43,7 +45,6 @@ from tpu_helpers.validate import (
 __all__ = [
     "FAMILIES",
     "FAMILY",
-    "Family",
     "pack_rows",
     "PackReport",
     "pack_report",
@@ -61,42 +62,9 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Family:
-    """How ``PackedClassifier`` drives one model family's TF classifier: the attribute of
-    its main layer, its embeddings call, its encoder call and its head. Adding a family is
-    one entry of ``FAMILY``: each choice names a ``PackedClassifier`` method.
-
-    * ``embed``: ``"types"`` (ids, positions, token types), ``"no_types"`` (MPNet),
-      ``"masked"`` (DeBERTa-v2 zeroes padding embeddings), ``"distilbert"`` (its blocks
-      are run here, with the block mask its attention does not take);
-    * ``encoder``: ``"full"`` (BERT's signature), ``"short"`` (hidden states, mask, head
-      mask), ``"pairwise"`` (a 0/1 mask per query and key: DeBERTa-v2);
-    * ``head``: ``"bert_pooler"``, ``"albert_pooler"``, ``"deberta_pooler"``,
-      ``"pre_classifier"`` (DistilBERT), ``"first_token"`` (the classifier reads the
-      first token itself: RoBERTa-shaped, ELECTRA, MPNet);
-    * ``offset_positions``: position ids start after the padding id (RoBERTa's scheme).
-    """
-
-    main: str
-    embed: str = "types"
-    encoder: str = "full"
-    head: str = "first_token"
-    offset_positions: bool = False
-
-
-FAMILY = {
-    "albert": Family("albert", encoder="short", head="albert_pooler"),
-    "bert": Family("bert", head="bert_pooler"),
-    "camembert": Family("roberta", offset_positions=True),
-    "deberta-v2": Family("deberta", embed="masked", encoder="pairwise", head="deberta_pooler"),
-    "distilbert": Family("distilbert", embed="distilbert", head="pre_classifier"),
-    "electra": Family("electra"),
-    "mpnet": Family("mpnet", embed="no_types", encoder="short", offset_positions=True),
-    "roberta": Family("roberta", offset_positions=True),
-    "xlm-roberta": Family("roberta", offset_positions=True),
-}
-FAMILIES = tuple(FAMILY)
+#: How each family it covers is packed (``families.FAMILIES``' ``packed``).
+FAMILY = {name: FAMILY_TABLE[name].packed for name in PACKED}
+FAMILIES = PACKED
 
 
 # --- packing ------------------------------------------------------------------------------
@@ -350,7 +318,7 @@ class PackedClassifier:
             model(model.dummy_inputs, training=False)
         self.main = getattr(model, self.kind.main)
         self.position_offset = 0
-        if self.kind.offset_positions:
+        if FAMILY_TABLE[self.family].offset_positions:
             self.position_offset = self.main.embeddings.padding_idx + 1
 
     @property

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from tpu_helpers._env import distribution_version
+from tpu_helpers.families import KERAS3
 
 __all__ = [
     "STACK",
@@ -108,10 +109,10 @@ KERAS3_NEEDS = {
     "transformers": "transformers>=5,<6",
     "tensorflow": "tensorflow-cpu==2.20.0",
 }
-#: The ``model_type`` of every checkpoint family the Keras 3 engine trains: those KerasHub
-#: 0.32 converts from the hub's layout and whose classification head
-#: ``tpu_helpers.keras3.HEADS`` rebuilds. Any other family stays on the TF engine.
-KERAS3_FAMILIES = ("albert", "bert", "distilbert", "roberta", "xlm-roberta", "vit")
+#: The ``model_type`` of every checkpoint family the Keras 3 engine trains (the families
+#: table's ``keras3`` column): those KerasHub 0.32 converts from the hub's layout and
+#: whose classification head the table describes. Any other family stays on the TF engine.
+KERAS3_FAMILIES = KERAS3
 #: The two engines: TensorFlow with tf-keras and transformers 4's TF classes (notebooks
 #: 00-07 and 09), and Keras 3 on JAX with KerasHub (notebook 08).
 ENGINES = ("tf", "keras3")

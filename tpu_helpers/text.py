@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tpu_helpers.families import OFFSET_POSITIONS
 from tpu_helpers.validate import check_boundaries, check_labels, check_positive, check_present
 
 __all__ = [
@@ -84,21 +85,6 @@ def load_text_dataset(
                 f" (dataset.rename_column) or pass text_column/label_column."
             )
     return data
-
-
-#: Model types whose position ids start after the padding id (RoBERTa's scheme): of
-#: ``max_position_embeddings`` positions, ``pad_token_id + 1`` are never used by tokens.
-OFFSET_POSITIONS = {
-    "camembert",
-    "data2vec-text",
-    "esm",
-    "longformer",
-    "mpnet",
-    "roberta",
-    "roberta-prelayernorm",
-    "xlm-roberta",
-    "xlm-roberta-xl",
-}
 
 
 def position_limit(model_config) -> int | None:

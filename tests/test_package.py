@@ -1,0 +1,35 @@
+"""What the package holds once: one root for every error it raises on purpose
+(``tpu_helpers.errors``), one table of model families (``tpu_helpers.families``)."""
+
+import importlib
+import inspect
+import pkgutil
+
+import tpu_helpers
+from tpu_helpers.errors import TpuHelpersError
+
+
+def test_every_error_class_of_the_package_derives_from_the_root():
+    found = {}
+    for info in pkgutil.walk_packages(tpu_helpers.__path__, "tpu_helpers."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            is_error = inspect.isclass(value) and issubclass(value, BaseException)
+            if is_error and value.__module__.startswith("tpu_helpers"):
+                found[f"{value.__module__}.{name}"] = value
+    assert len(found) >= 8, sorted(found)  # the classes of the errors module's table
+    strays = [name for name, cls in found.items() if not issubclass(cls, TpuHelpersError)]
+    assert strays == []
+
+
+def test_the_family_facts_come_from_one_table():
+    from tpu_helpers import families, packing, runtime, text
+
+    assert runtime.KERAS3_FAMILIES is families.KERAS3
+    assert text.OFFSET_POSITIONS is families.OFFSET_POSITIONS
+    assert packing.FAMILIES is families.PACKED
+    assert all(packing.FAMILY[n] is families.FAMILIES[n].packed for n in packing.FAMILIES)
+    assert {"roberta", "xlm-roberta", "camembert", "mpnet"} <= families.OFFSET_POSITIONS
+    assert not {"bert", "distilbert", "albert", "electra"} & families.OFFSET_POSITIONS
+    for name in families.KERAS3:  # each head the Keras 3 engine builds names its class
+        assert families.FAMILIES[name].keras3.architecture.endswith("Classification")

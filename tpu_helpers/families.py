@@ -1,0 +1,182 @@
+"""The model families the package knows, in one table: which engine trains each, the
+head the Keras 3 engine builds for it, where its positions start, and how the TF engine
+packs several examples into one row of it. Nothing here imports TensorFlow, Keras or JAX.
+
+=================  ================================================================
+``FAMILIES``       model type -> ``Family`` (every family named anywhere in the package)
+``KERAS3``         the families the Keras 3 engine trains (``Family.keras3``)
+``PACKED``         the families packed fine-tuning covers on the TF engine
+``OFFSET_POSITIONS`` families whose position ids start after the padding id
+=================  ================================================================
+
+>>> FAMILIES["roberta"].offset_positions, "roberta" in KERAS3, "electra" in KERAS3
+(True, True, False)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Family", "Head", "PackedKind", "FAMILIES", "KERAS3", "PACKED", "OFFSET_POSITIONS"]
+
+
+@dataclass(frozen=True)
+class Head:
+    """How a family's ``*ForSequenceClassification`` (or ``*ForImageClassification``)
+    classifies, as a recipe over KerasHub's backbone of that family.
+
+    Attributes:
+        take: ``"pooled"`` (the backbone's pooled output, its pooler included) or
+            ``"first"`` (the first token of its last hidden states).
+        steps: in order, ``("dropout", config fields)`` (the first field the config sets
+            gives the rate) or ``("dense", checkpoint name, activation)``; the last dense is
+            the classifier itself.
+        inputs: our pipelines' feature names -> the backbone's input names.
+        optional: checkpoint names a base checkpoint may lack (a masked-LM save has no
+            pooler): left as initialised, and said so.
+        backbone: backbone arguments -> the config field that sets them, where KerasHub's
+            converter leaves the backbone's default (BERT's dropout is 0.1 and ViT's layer
+            norm epsilon 1e-6, whatever the config says).
+        fold_token_type: add the token-type embedding of type 0 to the position embeddings,
+            as transformers adds it to every token (KerasHub's RoBERTa converter drops it;
+            its XLM-RoBERTa one folds it so).
+        architecture: the transformers class whose checkpoint this head makes
+            (``save_hub_layout`` writes it into ``config.json``).
+        folded: the position embeddings hold the token-type row 0 (ours or the
+            converter's fold): taken out again when saving in the hub's layout.
+    """
+
+    take: str
+    steps: tuple
+    inputs: dict
+    optional: tuple = ()
+    backbone: tuple = ()
+    fold_token_type: bool = False
+    architecture: str = ""
+    folded: bool = False
+
+
+@dataclass(frozen=True)
+class PackedKind:
+    """How ``packing.PackedClassifier`` drives one family's TF classifier: the attribute of
+    its main layer, its embeddings call, its encoder call and its head (each choice names a
+    ``PackedClassifier`` method).
+
+    * ``embed``: ``"types"`` (ids, positions, token types), ``"no_types"`` (MPNet),
+      ``"masked"`` (DeBERTa-v2 zeroes padding embeddings), ``"distilbert"`` (its blocks
+      are run there, with the block mask its attention does not take);
+    * ``encoder``: ``"full"`` (BERT's signature), ``"short"`` (hidden states, mask, head
+      mask), ``"pairwise"`` (a 0/1 mask per query and key: DeBERTa-v2);
+    * ``head``: ``"bert_pooler"``, ``"albert_pooler"``, ``"deberta_pooler"``,
+      ``"pre_classifier"`` (DistilBERT), ``"first_token"`` (the classifier reads the
+      first token itself: RoBERTa-shaped, ELECTRA, MPNet).
+    """
+
+    main: str
+    embed: str = "types"
+    encoder: str = "full"
+    head: str = "first_token"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family (a ``model_type``): ``offset_positions`` (position ids start after
+    the padding id, RoBERTa's scheme), ``packed`` (how the TF engine packs it, or
+    ``None``), ``keras3`` (the Keras 3 engine's head, or ``None``: the TF engine only)."""
+
+    offset_positions: bool = False
+    packed: PackedKind | None = None
+    keras3: Head | None = None
+
+
+_TEXT = {"input_ids": "token_ids", "attention_mask": "padding_mask"}
+_PAIRS = {**_TEXT, "token_type_ids": "segment_ids"}
+_ROBERTA_STEPS = (
+    ("dropout", ("classifier_dropout", "hidden_dropout_prob")),
+    ("dense", "classifier.dense", "tanh"),
+    ("dropout", ("classifier_dropout", "hidden_dropout_prob")),
+    ("dense", "classifier.out_proj", None),
+)
+_HEADS = {
+    "bert": Head(
+        "pooled",
+        (("dropout", ("classifier_dropout", "hidden_dropout_prob")), ("dense", "classifier", None)),
+        _PAIRS,
+        ("pooler.",),
+        (("dropout", "hidden_dropout_prob"),),
+        architecture="BertForSequenceClassification",
+    ),
+    "albert": Head(
+        "pooled",
+        (("dropout", ("classifier_dropout_prob",)), ("dense", "classifier", None)),
+        _PAIRS,
+        ("pooler.",),
+        architecture="AlbertForSequenceClassification",
+    ),
+    "distilbert": Head(
+        "first",
+        (
+            ("dense", "pre_classifier", "relu"),
+            ("dropout", ("seq_classif_dropout",)),
+            ("dense", "classifier", None),
+        ),
+        _TEXT,
+        architecture="DistilBertForSequenceClassification",
+    ),
+    "roberta": Head(
+        "first",
+        _ROBERTA_STEPS,
+        _TEXT,
+        fold_token_type=True,
+        architecture="RobertaForSequenceClassification",
+        folded=True,
+    ),
+    "xlm-roberta": Head(
+        "first",
+        _ROBERTA_STEPS,
+        _TEXT,
+        (),
+        (("dropout", "hidden_dropout_prob"),),
+        architecture="XLMRobertaForSequenceClassification",
+        folded=True,
+    ),
+    "vit": Head(
+        "first",
+        (("dense", "classifier", None),),
+        {"pixel_values": "images"},
+        backbone=(("layer_norm_epsilon", "layer_norm_eps"),),
+        architecture="ViTForImageClassification",
+    ),
+}
+
+
+_ROBERTA_PACKED = PackedKind("roberta")
+
+#: Every family, in one place; the Keras 3 engine's first, in the order its tests list them.
+FAMILIES = {
+    "albert": Family(
+        packed=PackedKind("albert", encoder="short", head="albert_pooler"), keras3=_HEADS["albert"]
+    ),
+    "bert": Family(packed=PackedKind("bert", head="bert_pooler"), keras3=_HEADS["bert"]),
+    "distilbert": Family(
+        packed=PackedKind("distilbert", embed="distilbert", head="pre_classifier"),
+        keras3=_HEADS["distilbert"],
+    ),
+    "roberta": Family(True, _ROBERTA_PACKED, _HEADS["roberta"]),
+    "xlm-roberta": Family(True, _ROBERTA_PACKED, _HEADS["xlm-roberta"]),
+    "vit": Family(keras3=_HEADS["vit"]),
+    "camembert": Family(True, _ROBERTA_PACKED),
+    "deberta-v2": Family(
+        packed=PackedKind("deberta", embed="masked", encoder="pairwise", head="deberta_pooler")
+    ),
+    "electra": Family(packed=PackedKind("electra")),
+    "mpnet": Family(True, PackedKind("mpnet", embed="no_types", encoder="short")),
+    "data2vec-text": Family(offset_positions=True),
+    "esm": Family(offset_positions=True),
+    "longformer": Family(offset_positions=True),
+    "roberta-prelayernorm": Family(offset_positions=True),
+    "xlm-roberta-xl": Family(offset_positions=True),
+}
+KERAS3 = tuple(name for name, f in FAMILIES.items() if f.keras3 is not None)
+PACKED = tuple(sorted(name for name, f in FAMILIES.items() if f.packed is not None))
+OFFSET_POSITIONS = frozenset(name for name, f in FAMILIES.items() if f.offset_positions)
