@@ -88,17 +88,12 @@ def worker(args) -> None:
     # the devices first: TensorFlow splits the CPU only before it runs anything
     model = build(str(fixtures / "tiny-distilbert"), args.replicas)
     plan, tokens = batches(fixtures, args.examples)
+    from tpu_helpers.engine import fit_resumable  # the one loop of both engines
+
     if args.worker == "tf":
-        from tpu_helpers.checkpoints import fit_resumable
-
         callback_base = __import__("tensorflow").keras.callbacks.Callback
-        options = {"log": lambda _: None, "verbose": 0}
     else:
-        import keras
-
-        from tpu_helpers.keras3 import fit_resumable
-
-        callback_base, options = keras.callbacks.Callback, {"verbose": 0}
+        callback_base = __import__("keras").callbacks.Callback
     seconds, compiles = [], []
 
     class Clock(callback_base):
@@ -112,7 +107,14 @@ def worker(args) -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         fit_resumable(
-            model, plan, args.epochs, folder, every_minutes=0, callbacks=[Clock()], **options
+            model,
+            plan,
+            args.epochs,
+            folder,
+            every_minutes=0,
+            callbacks=[Clock()],
+            verbose=0,
+            log=lambda _: None,
         )
     later = sum(seconds[1:]) / len(seconds[1:])
     print(

@@ -439,7 +439,7 @@ CASES = [
         "checkpoints: no checkpoint folder",
         lambda tmp: checkpoints.fit_resumable(_compiled(), _plan(), 2, None),
         TypeError,
-        r"checkpoint_dir=None must be a folder path.*Fix",
+        r"directory=None must be a folder path.*Fix",
     ),
 ]
 

@@ -33,3 +33,20 @@ def test_the_family_facts_come_from_one_table():
     assert not {"bert", "distilbert", "albert", "electra"} & families.OFFSET_POSITIONS
     for name in families.KERAS3:  # each head the Keras 3 engine builds names its class
         assert families.FAMILIES[name].keras3.architecture.endswith("Classification")
+
+
+def test_one_training_loop_and_one_prediction_serve_both_engines():
+    from pathlib import Path
+
+    from tpu_helpers import checkpoints, engine, keras3, metrics
+
+    package = Path(tpu_helpers.__file__).parent
+    for name in ("fit_resumable", "predict_classes"):
+        defined = [
+            str(path.relative_to(package))
+            for path in sorted(package.rglob("*.py"))
+            if f"\ndef {name}(" in path.read_text()
+        ]
+        assert defined == ["engine.py"], (name, defined)
+    assert checkpoints.fit_resumable is keras3.fit_resumable is engine.fit_resumable
+    assert metrics.predict_classes is keras3.predict_classes is engine.predict_classes

@@ -1,4 +1,4 @@
-"""Checkpoints a long run resumes from exactly, wherever it was stopped.
+"""Checkpoints a long run on the TF engine resumes from exactly, wherever it was stopped.
 
 A Colab session disconnects, a Kaggle session reaches its limit, a preemptible TPU VM is
 taken back: the run must go on from its last checkpoint with nothing lost or done twice.
@@ -11,14 +11,15 @@ taken back: the run must go on from its last checkpoint with nothing lost or don
   checkpoint does not hold raises ``CheckpointMismatchError``); a latest checkpoint that
   cannot be read falls back to the one before, saying so; ``run.json`` beside the
   checkpoints records what they belong to (steps per epoch, batch, data set ...) and another
-  run is refused, with the difference named, before any step.
-* ``fit_resumable``: Keras ``fit`` one epoch per call, each from a ``pipeline.Batches``
-  (``batches.distribute(strategy, epoch, skip_steps=...)``), with a checkpoint every ``every_steps`` steps and/or
-  ``every_minutes`` minutes (at the end of the ``steps_per_execution`` call that reaches
-  them) and at each epoch's end. It saves step 0 before training, so running it again in
-  the same kernel after an interrupt restores the last checkpoint instead of training on
-  from weights the interrupted call had moved. ``initial_epoch`` keeps callbacks (TensorBoard
-  logs) counting on.
+  run is refused, with the difference named, before any step. ``callback()`` makes the
+  checkpoints of a plain ``fit`` loop (notebook 01 writes that loop out).
+* ``TfTrainer``: the TF engine's side of ``engine.fit_resumable`` (the one training loop
+  of both engines, also importable from here): each epoch one Keras ``fit`` call on
+  ``batches.distribute(strategy, epoch, skip_steps=...)``, the state in ``RunCheckpoints``,
+  a checkpoint at step 0 before training, so that running it again in the same kernel
+  after an interrupt restores the last checkpoint instead of training on from weights the
+  interrupted call had moved. ``initial_epoch`` keeps callbacks (TensorBoard logs)
+  counting on.
 
 >>> # fit_resumable(model, text.text_batches(train, global_batch=128, boundaries=[32, 64]),
 >>> #               3, "gs://b/run/ckpt", every_minutes=10, callbacks=[log.callback()])
@@ -29,16 +30,23 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import time
 from collections.abc import Callable
 
 from tpu_helpers.checks import first_line
+from tpu_helpers.engine import (
+    Cadence,
+    History,
+    check_save_every,
+    data_errors_explained,
+    fit_resumable,
+)
 from tpu_helpers.errors import CheckpointMismatchError
 from tpu_helpers.validate import check_positive
 
 __all__ = [
     "CheckpointMismatchError",
     "RunCheckpoints",
+    "TfTrainer",
     "check_same_run",
     "fit_resumable",
     "model_config",
@@ -156,13 +164,13 @@ class RunCheckpoints:
         after ``every_steps`` steps or ``every_minutes`` minutes (checked at the end of
         each ``steps_per_execution`` call; ``None`` or 0: never by that measure) and at
         every epoch's end, whose logs it adds to ``history()``."""
-        _check_save_every(every_steps, every_minutes, self.directory)
+        check_save_every(every_steps, every_minutes, self.directory)
         return _saver(self, every_steps, every_minutes)
 
     def history(self) -> dict:
         """``{metric: [value per epoch]}`` of every epoch of the run, those trained by
         earlier processes included (``history.json``), as ``History.history``."""
-        return _History(self.directory).merged()
+        return History(self.directory).merged()
 
     def save(self) -> str:
         """Write a checkpoint numbered by the step (and ``run.json`` the first time)."""
@@ -197,30 +205,28 @@ def _saver(checkpoints: RunCheckpoints, every_steps: int | None, every_minutes: 
     class Saver(tf.keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.last_step, self.last_time = checkpoints.step, time.monotonic()
-            self.history = _History(checkpoints.directory)
+            self.cadence = Cadence(every_steps, every_minutes, checkpoints.step)
+            self.history = History(checkpoints.directory)
 
         def on_train_begin(self, logs=None):
             if not checkpoints.manager.latest_checkpoint:
                 self._save()  # step 0: what a re-run after an early interrupt starts from
-            self.last_step, self.last_time = checkpoints.step, time.monotonic()
+            self.cadence.restart(checkpoints.step)
 
         def on_train_batch_end(self, batch, logs=None):
-            due = every_steps and checkpoints.step - self.last_step >= every_steps
-            due = due or (every_minutes and time.monotonic() - self.last_time >= 60 * every_minutes)
-            if due:
+            if self.cadence.due(checkpoints.step):
                 self._save()
 
         def on_epoch_end(self, epoch, logs=None):
             # the row before the save: a kill between the two redoes the epoch's end,
             # whose row it replaces
-            self.history.add(epoch, {k: [v] for k, v in (logs or {}).items()})
-            if checkpoints.step != self.last_step:
+            self.history.add(epoch, logs or {})
+            if checkpoints.step != self.cadence.last_step:
                 self._save()
 
         def _save(self):
             checkpoints.log(f"checkpoint step {checkpoints.step}: {checkpoints.save()}")
-            self.last_step, self.last_time = checkpoints.step, time.monotonic()
+            self.cadence.restart(checkpoints.step)
 
     return Saver()
 
@@ -233,7 +239,6 @@ def build_optimizer(model, optimizer) -> None:
             " build it first (a transformers model from from_pretrained is built; otherwise"
             " call it once on a batch, or model.build_in_name_scope())."
         )
-    import contextlib
 
     strategy = getattr(model, "distribute_strategy", None)
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
@@ -246,82 +251,93 @@ def build_optimizer(model, optimizer) -> None:
             optimizer._create_all_weights(model.trainable_variables)
 
 
-def fit_resumable(
-    model,
-    train,
-    epochs: int,
-    checkpoint_dir: str,
-    *,
-    validation=None,
-    every_steps: int | None = None,
-    every_minutes: float | None = None,
-    run: dict | None = None,
-    callbacks=(),
-    max_to_keep: int = 2,
-    log: Callable[[str], None] = print,
-    **fit_kwargs,
-) -> dict:
-    """Train a compiled Keras ``model`` on ``train`` (a ``pipeline.Batches``) to ``epochs``
-    epochs, resuming from the newest checkpoint in ``checkpoint_dir`` (see the module doc).
+class TfTrainer:
+    """The TF engine's side of ``engine.fit_resumable`` (see the module doc and
+    ``engine``): a compiled tf-keras model (transformers' TF classes) on its strategy."""
 
-    Each epoch is ``train.distribute(model.distribute_strategy, epoch, skip_steps=...)``:
-    the same batches in every process, so a resumed epoch goes on where the checkpoint
-    was. ``validation`` (a ``Batches`` too) is evaluated at each epoch's end. Before any
-    step, rows wider than the model's positions are refused. ``run`` adds to what the
-    checkpoints must match (the steps per epoch and the global batch always).
-    ``fit_kwargs`` go to every ``fit`` call (``verbose`` ...). Saves come at every epoch's
-    end, and after ``every_steps`` steps or ``every_minutes`` minutes (``None`` or 0: never
-    by that measure). A data error met while reading (a corrupt shard) is raised with what
-    ``train`` can say of it (the shard, the fix). Returns the ``History`` dict of every
-    epoch of the run, those of earlier processes included (``history.json``).
-    """
-    from tpu_helpers.pipeline import require_batches
+    def __init__(self, model, *, log: Callable[[str], None] = print, verbose=2, fit_kwargs=None):
+        self.model, self.log = model, log
+        self.fit_kwargs = {"verbose": verbose, **(fit_kwargs or {})}
+        self.strategy = getattr(model, "distribute_strategy", None)
 
-    train = require_batches(train, "fit_resumable")
-    check_positive(epochs=epochs)
-    _check_save_every(every_steps, every_minutes, checkpoint_dir)
-    strategy = model.distribute_strategy
-    steps_per_epoch = train.steps_on(strategy)
-    train.check_positions(model_config(model))
-    if validation is not None:
-        validation = require_batches(validation, "fit_resumable(validation=)")
-        fit_kwargs["validation_data"] = validation.distribute(strategy)
-        fit_kwargs["validation_steps"] = validation.steps_on(strategy)
-    run = {"steps_per_epoch": steps_per_epoch, "global_batch": train.global_batch, **(run or {})}
-    checkpoints = RunCheckpoints(checkpoint_dir, model, model.optimizer, run, max_to_keep, log)
-    saver = checkpoints.callback(every_steps, every_minutes)
-    epoch, skip = checkpoints.resume_point(steps_per_epoch)
-    if epoch >= epochs:
-        log(f"already trained: step {checkpoints.step} of {steps_per_epoch * epochs}")
-    while epoch < epochs:
-        with data_errors_explained(train, f"epoch {epoch + 1} after step {checkpoints.step}"):
-            model.fit(
-                train.distribute(strategy, epoch, skip_steps=skip),
-                initial_epoch=epoch,
-                epochs=epoch + 1,
-                steps_per_epoch=steps_per_epoch - skip,
-                callbacks=[*callbacks, saver],
-                **fit_kwargs,
-            )
-        epoch, skip = epoch + 1, 0
-    return checkpoints.history()
+    def steps_per_epoch(self, batches) -> int:
+        return batches.steps_on(self.strategy)
 
+    def check(self, train, validation) -> None:
+        train.check_positions(model_config(self.model))
+        for batches in (train, validation):
+            if batches is not None and self.strategy is not None:
+                batches.per_replica_batch(self.strategy.num_replicas_in_sync)
 
-def _check_save_every(every_steps, every_minutes, checkpoint_dir) -> None:
-    if every_steps:  # None or 0: no saves by step count
-        check_positive(every_steps=every_steps)
-    minutes_ok = isinstance(every_minutes, (int, float)) and not isinstance(every_minutes, bool)
-    if every_minutes is not None and not (minutes_ok and every_minutes >= 0):
-        raise ValueError(
-            f"every_minutes={every_minutes!r} must be a number of minutes. Fix: 10 (a save"
-            " costs seconds; a disconnect loses at most that much training), or 0 for saves"
-            " at epoch ends only."
+    def open(self, directory: str, run: dict) -> tuple[int, int]:
+        self.steps = run["steps_per_epoch"]
+        self.checkpoints = RunCheckpoints(
+            directory, self.model, self.model.optimizer, run, max_to_keep=2, log=self.log
         )
-    if not isinstance(checkpoint_dir, str) or not checkpoint_dir:
-        raise TypeError(
-            f"checkpoint_dir={checkpoint_dir!r} must be a folder path (local or gs://). Fix:"
-            " f'{output_dir}/checkpoints'."
+        epoch, skip = self.checkpoints.resume_point(self.steps)
+        if not self.checkpoints.manager.latest_checkpoint:
+            self.save(0, 0)  # what a re-run after an early interrupt starts from
+        return epoch, skip
+
+    def train_epoch(self, train, validation, epoch, first, after_call, callbacks) -> dict:
+        import tensorflow as tf
+
+        checkpoints, start = self.checkpoints, epoch * self.steps
+
+        class AfterCall(tf.keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                after_call(checkpoints.step - start)  # the optimizer's counter: the position
+
+        kwargs = dict(self.fit_kwargs)
+        if validation is not None:
+            kwargs["validation_data"] = validation.distribute(self.strategy)
+            kwargs["validation_steps"] = validation.steps_on(self.strategy)
+        fitted = self.model.fit(
+            train.distribute(self.strategy, epoch, skip_steps=first),
+            initial_epoch=epoch,
+            epochs=epoch + 1,
+            steps_per_epoch=self.steps - first,
+            callbacks=[*callbacks, AfterCall()],
+            **kwargs,
         )
+        return {k: v[-1] for k, v in fitted.history.items()}
+
+    def save(self, epoch: int, step: int) -> None:
+        self.log(f"checkpoint step {self.checkpoints.step}: {self.checkpoints.save()}")
+
+    def finish(self) -> None:
+        pass
+
+    def predict(self, batches, strategy=None):
+        """``(labels, predictions, weights)``: each step on every replica (``strategy.run``
+        in a ``tf.function``), the per-replica results gathered to the host."""
+        import numpy as np
+        import tensorflow as tf
+
+        from tpu_helpers.metrics import logits_of
+
+        strategy = strategy or self.strategy or tf.distribute.get_strategy()
+        dataset = batches.distribute(strategy)
+        steps = batches.steps_on(strategy)
+        model = self.model
+
+        @tf.function
+        def step(features):
+            def predict(x):
+                logits = logits_of(model(x, training=False))
+                return tf.argmax(logits, axis=-1, output_type=tf.int32)
+
+            return strategy.run(predict, args=(features,))
+
+        local = strategy.experimental_local_results
+        labels, preds, weights = [], [], []
+        iterator = iter(dataset)
+        for _ in range(steps):
+            features, y, w = next(iterator)
+            preds += [x.numpy() for x in local(step(features))]
+            labels += [x.numpy() for x in local(y)]
+            weights += [x.numpy() for x in local(w)]
+        return np.concatenate(labels), np.concatenate(preds), np.concatenate(weights)
 
 
 def model_config(model):
@@ -331,55 +347,3 @@ def model_config(model):
         if config is not None and hasattr(config, "model_type"):
             return config
     return None
-
-
-@contextlib.contextmanager
-def data_errors_explained(batches, where: str):
-    """Re-raise a data error met while reading ``batches`` (a corrupt record, a broken
-    image) with what the pipeline can say of it: the file, and the fix."""
-    import tensorflow as tf
-
-    try:
-        yield
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
-        explained = batches.explain_error(err)
-        if isinstance(err, tf.errors.DataLossError) and explained is None:
-            explained = (
-                f"A record file of the training data is corrupt ({first_line(err)});"
-                " TensorFlow does not say which file. Fix: records.verify_records(<metadata"
-                " or folder>) names the shard; copy it again, or read with"
-                " on_corrupt='skip'. The last checkpoint is intact."
-            )
-        if explained is None:
-            raise
-        raise type(err)(err.node_def, err.op, f"Read in {where}: {explained}") from err
-
-
-class _History:
-    """``fit``'s history per epoch in ``directory/history.json``, so that a run resumed in
-    another process returns (and plots) the epochs of the processes before it too. An
-    epoch resumed in the middle reports the metrics of the steps it ran after the resume."""
-
-    def __init__(self, directory: str):
-        import tensorflow as tf
-
-        self.path = f"{directory.rstrip('/')}/history.json"
-        self.epochs: dict[str, dict] = {}
-        if tf.io.gfile.exists(self.path):
-            with tf.io.gfile.GFile(self.path) as f:
-                self.epochs = json.load(f)
-
-    def add(self, epoch: int, logs: dict) -> None:
-        import tensorflow as tf
-
-        self.epochs[str(epoch)] = {k: [float(v) for v in vs] for k, vs in logs.items()}
-        with tf.io.gfile.GFile(self.path, "w") as f:
-            json.dump(self.epochs, f, indent=1)
-
-    def merged(self) -> dict:
-        """``{metric: [value per epoch]}`` in epoch order, as ``History.history``."""
-        out: dict = {}
-        for epoch in sorted(self.epochs, key=int):
-            for key, values in self.epochs[epoch].items():
-                out.setdefault(key, []).extend(values)
-        return out

@@ -15,11 +15,12 @@ their places.
 ``connect``            ``keras.distribution.DataParallel`` over them, made global
 ``classifier``         encoder + head from a checkpoint, as ``keras.Model``
 ``compile_classifier`` the optimizer, loss and weighted accuracy of the TF notebooks
-``fit_resumable``      compiled steps (``jax_steps``), saved every few steps, resumed
-                       mid-epoch
+``fit_resumable``      ``engine.fit_resumable``, the one loop of both engines; this
+                       engine's side is ``JaxTrainer`` (compiled steps: ``jax_steps``)
 ``evaluate``           the compiled metrics over a ``Batches``
-``predict_classes``    labels, predictions and weights over a ``Batches``
+``predict_classes``    ``engine.predict_classes``: labels, predictions and weights
 ``compilations``       how often each step was compiled (once per width)
+``save_hub_layout``    the trained classifier in the hub's layout
 =====================  ===============================================================
 
 >>> from tpu_helpers import keras3                                   # doctest: +SKIP
@@ -33,19 +34,17 @@ import io
 import json
 import os
 import sys
-import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
+from tpu_helpers.engine import fit_resumable, predict_classes
 from tpu_helpers.errors import CheckpointFormatError, CheckpointMismatchError, EngineError
 from tpu_helpers.families import FAMILIES, KERAS3, Head
 from tpu_helpers.hub import _resolve, find_weights
 from tpu_helpers.pipeline import require_batches
-from tpu_helpers.validate import check_positive
 
 __all__ = [
     "EngineError",
@@ -60,6 +59,7 @@ __all__ = [
     "HubSource",
     "save_hub_layout",
     "ResumePoint",
+    "JaxTrainer",
     "fit_resumable",
     "evaluate",
     "predict_classes",
@@ -612,7 +612,7 @@ def _state(model) -> list:
 
 class _Saves:
     """A run's saves in ``directory`` (local or ``gs://``): ``state-<epoch>-<step>.npz``
-    and ``latest.json`` naming the newest (with the history of the epochs done), written
+    and ``latest.json`` naming the newest, written
     after it, so a save that stops half-way is never the one resumed. The two newest
     states are kept."""
 
@@ -633,7 +633,7 @@ class _Saves:
         with self.gfile.GFile(path) as f:
             return json.load(f)
 
-    def save(self, model, point: ResumePoint, history: dict, values=None) -> None:
+    def save(self, model, point: ResumePoint, values=None) -> None:
         """Save ``values`` (in the order of ``_state(model)``; the variables' own values
         when ``None``) as the state at ``point``."""
         variables = _state(model)
@@ -649,7 +649,6 @@ class _Saves:
             "epoch": point.epoch,
             "step": point.step,
             "run": self.run,
-            "history": history,
             "variables": [[v.path, list(v.shape)] for v in variables],
             "previous": before["file"] if before else None,
         }
@@ -658,14 +657,14 @@ class _Saves:
         if old and old != name and self.gfile.exists(f"{self.directory}/{old}"):
             self.gfile.remove(f"{self.directory}/{old}")
 
-    def restore(self, model) -> tuple[ResumePoint, dict]:
-        """The point to resume from and the history so far (``(0, 0)`` and ``{}`` for a
-        new run), with the saved state put into ``model`` and its optimizer."""
+    def restore(self, model) -> ResumePoint:
+        """The point to resume from (``(0, 0)`` for a new run), with the saved state put
+        into ``model`` and its optimizer."""
         from tpu_helpers.checkpoints import check_same_run
 
         latest = self.latest()
         if latest is None:
-            return ResumePoint(0, 0), {}
+            return ResumePoint(0, 0)
         check_same_run(self.directory, latest["run"], self.run)
         variables = _state(model)
         have = [[v.path, list(v.shape)] for v in variables]
@@ -687,26 +686,107 @@ class _Saves:
             arrays = np.load(io.BytesIO(f.read()))
             for i, variable in enumerate(variables):
                 variable.assign(arrays[f"arr_{i}"])
-        return ResumePoint(latest["epoch"], latest["step"]), latest["history"]
+        return ResumePoint(latest["epoch"], latest["step"])
 
 
-class _Cadence:
-    """When a save is due: every ``every_steps`` steps or ``every_minutes`` minutes
-    (``None`` or 0: never by that measure), counted from the last save."""
+class JaxTrainer:
+    """The Keras 3 engine's side of ``engine.fit_resumable`` (the one training loop of both
+    engines): each epoch through the model's ``jax_steps.Steps`` (each width compiled once,
+    ``steps_per_execution`` steps fused, batches put on the devices ahead), the state in
+    ``_Saves``. Keras callbacks are called at the train's, the epochs' and the calls'
+    beginnings and ends (``on_train_batch_end`` with the call's last step; batch logs are
+    empty, so that no call waits for the devices; the epoch's logs are whole)."""
 
-    def __init__(self, every_steps, every_minutes, step: int):
-        self.every_steps, self.every_minutes = every_steps, every_minutes
-        self.restart(step)
+    def __init__(self, model, *, log=print, verbose=2):
+        self.model, self.log, self.verbose = model, log, verbose
+        self.hooks = None
 
-    def restart(self, step: int) -> None:
-        self.last_step, self.last_time = step, time.monotonic()
+    def steps_per_epoch(self, batches) -> int:
+        return batches.steps_per_epoch
 
-    def due(self, step: int) -> bool:
-        by_steps = self.every_steps and step - self.last_step >= self.every_steps
-        minutes = (
-            self.every_minutes and time.monotonic() - self.last_time >= 60 * self.every_minutes
+    def check(self, train, validation) -> None:
+        if getattr(self.model, "optimizer", None) is None:
+            raise EngineError(
+                "the model is not compiled. Fix: keras3.compile_classifier(model,"
+                " learning_rate) or model.compile(...) before fit_resumable."
+            )
+        self.steps = _steps_for(self.model, train, validation, where="fit_resumable")
+        source = getattr(self.model, "hub_source", None)
+        if isinstance(source, HubSource):  # rows wider than the positions
+            train.check_positions(SimpleNamespace(**source.config))
+
+    def open(self, directory: str, run: dict) -> tuple[int, int]:
+        self.saves = _Saves(directory, run)
+        point = self.saves.restore(self.model)
+        self.state, self.first_epoch = self.steps.state(), point.epoch
+        self.compiled = sum(self.steps.compiles.values())
+        return point.epoch, point.step
+
+    def train_epoch(self, train, validation, epoch, first, after_call, callbacks) -> dict:
+        import keras
+
+        steps, per_epoch = self.steps, train.steps_per_epoch
+        if self.hooks is None:
+            self.hooks = keras.callbacks.CallbackList(
+                list(callbacks), model=self.model, steps=per_epoch
+            )
+            self.hooks.on_train_begin()
+        if first and self.verbose:
+            self.log(f"[keras3] resuming epoch {epoch + 1} at step {first} of {per_epoch}")
+        self.hooks.on_epoch_begin(epoch)
+        if epoch == self.first_epoch:  # in the first epoch's time, as a first epoch pays it
+            _precompile(steps, self.state, train, validation)
+
+        def called(state, done):
+            self.state = state
+            self.hooks.on_train_batch_end(first + done - 1, {})
+            after_call(first + done)
+
+        self.state, report = steps.train(
+            steps.reset_metrics(self.state),
+            train.dataset(epoch, skip_steps=first),
+            per_epoch - first,
+            called,
         )
-        return bool(by_steps or minutes)
+        logs = steps.results(self.state[3])
+        if validation is not None:
+            result = steps.evaluate(
+                self.state[:2], validation.dataset(0), validation.steps_per_epoch
+            )
+            logs.update({f"val_{k}": v for k, v in result.items()})
+        self.state = steps.write_back(self.state)
+        self.hooks.on_epoch_end(epoch, logs)
+        total = sum(steps.compiles.values())
+        report.new_compiles, self.compiled = total - self.compiled, total
+        if self.verbose:
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in logs.items())
+            self.log(
+                f"[keras3] epoch {epoch + 1}: {report.steps} steps in {report.calls} calls,"
+                f" {report.seconds:.1f} s, {report.rate()}; {shown}; compiled"
+                f" {report.new_compiles} new step(s), {total} in all"
+            )
+        return logs
+
+    def save(self, epoch: int, step: int) -> None:
+        values = self.steps.saved_values(self.state)
+        self.saves.save(self.model, ResumePoint(epoch, step), values)
+
+    def finish(self) -> None:
+        if self.hooks is not None:
+            self.hooks.on_train_end()
+
+    def predict(self, batches, strategy=None):
+        if strategy is not None:
+            raise EngineError(
+                "a strategy is TensorFlow's; this model runs on the Keras 3 engine, whose"
+                " devices keras3.connect set. Fix: predict_classes(model, batches)."
+            )
+        steps = _steps_for(self.model, batches, where="predict_classes")
+        count = batches.steps_per_epoch
+        epoch = batches.dataset(0).take(count)  # the same batches each time it is read
+        logits = steps.predict(steps.weights(), epoch, count)
+        labels, weights = zip(*((y, w) for _, y, w in epoch.as_numpy_iterator()), strict=True)
+        return np.concatenate(labels), np.argmax(logits, axis=-1), np.concatenate(weights)
 
 
 def _steps_for(model, *batches, where: str):
@@ -722,104 +802,6 @@ def _steps_for(model, *batches, where: str):
     return steps
 
 
-def fit_resumable(
-    model,
-    train,
-    epochs: int,
-    directory: str,
-    *,
-    validation=None,
-    every_steps: int | None = None,
-    every_minutes: float | None = 10.0,
-    run: dict | None = None,
-    callbacks: Iterable = (),
-    verbose: int = 2,
-) -> dict:
-    """Train ``model`` (compiled) on ``train`` (a ``pipeline.Batches``) for ``epochs``,
-    each epoch on its own shuffle, saving the whole state to ``directory`` every
-    ``every_steps`` steps or ``every_minutes`` minutes (checked after each compiled call)
-    and at each epoch's end. Run again after the runtime was lost, it resumes from the
-    newest save and reads on from the batch it had reached (``skip_steps``), so the
-    weights at the end equal an uninterrupted run's. ``run`` names the run (model, data),
-    with the plan's steps and global batch added: a directory holding another run is
-    refused.
-
-    The steps run compiled by ``jax_steps.Steps``: each batch shape compiles once per
-    model (epochs, calls and resumes in one session included), ``steps_per_execution``
-    steps of one shape run in one call, and the next batches are put on the devices
-    while a step runs. Keras ``callbacks`` are called at the train's, the epochs' and the
-    calls' beginnings and ends (``on_train_batch_end`` with the call's last step; batch
-    logs are empty, so that no call waits for the devices; the epoch's logs are whole).
-    ``validation`` (a ``Batches``) is evaluated after each epoch. Each epoch prints a line
-    with its time, throughput and compilations (``verbose=0``: none). Returns the history
-    of every epoch, those of earlier sessions included (a resumed epoch's metrics cover the
-    steps after the resume), as ``{name: [value per epoch]}`` with ``val_`` names.
-    """
-    keras = _keras()
-    from tpu_helpers.checkpoints import _check_save_every, data_errors_explained
-
-    check_positive(epochs=epochs)
-    _check_save_every(every_steps, every_minutes, directory)
-    if getattr(model, "optimizer", None) is None:
-        raise EngineError(
-            "the model is not compiled. Fix: keras3.compile_classifier(model, learning_rate)"
-            " or model.compile(...) before fit_resumable."
-        )
-    steps = _steps_for(model, train, validation, where="keras3.fit_resumable")
-    source = getattr(model, "hub_source", None)
-    if isinstance(source, HubSource):  # rows wider than the positions, before any step
-        train.check_positions(SimpleNamespace(**source.config))
-    per_epoch = train.steps_per_epoch
-    plan = {"steps_per_epoch": per_epoch, "global_batch": train.global_batch}
-    saves = _Saves(directory, {**plan, **(run or {})})
-    point, history = saves.restore(model)
-    state = steps.state()
-    hooks = keras.callbacks.CallbackList(
-        list(callbacks), model=model, epochs=epochs, steps=per_epoch
-    )
-    hooks.on_train_begin()
-    cadence, logs = _Cadence(every_steps, every_minutes, point.step), {}
-    compiled = sum(steps.compiles.values())
-    for epoch in range(point.epoch, epochs):
-        first = point.step if epoch == point.epoch else 0
-        if first and verbose:
-            print(f"[keras3] resuming epoch {epoch + 1} at step {first} of {per_epoch}")
-        hooks.on_epoch_begin(epoch)
-        if epoch == point.epoch:  # in the epoch's time: what a first epoch costs
-            _precompile(steps, state, train, validation)
-        cadence.restart(first)
-
-        def after_call(state, done, epoch=epoch, first=first):
-            step = first + done
-            hooks.on_train_batch_end(step - 1, {})
-            if step < per_epoch and cadence.due(step):
-                saves.save(model, ResumePoint(epoch, step), history, steps.saved_values(state))
-                cadence.restart(step)
-
-        with data_errors_explained(train, f"epoch {epoch + 1} after step {first}"):
-            state, report = steps.train(
-                steps.reset_metrics(state),
-                train.dataset(epoch, skip_steps=first),
-                per_epoch - first,
-                after_call,
-            )
-        logs = steps.results(state[3])
-        if validation is not None:
-            result = steps.evaluate(state[:2], validation.dataset(0), validation.steps_per_epoch)
-            logs.update({f"val_{k}": v for k, v in result.items()})
-        for key, value in logs.items():
-            history.setdefault(key, []).append(value)
-        saves.save(model, ResumePoint(epoch + 1, 0), history, steps.saved_values(state))
-        state = steps.write_back(state)
-        hooks.on_epoch_end(epoch, logs)
-        total = sum(steps.compiles.values())
-        report.new_compiles, compiled = total - compiled, total
-        if verbose:
-            _say_epoch(epoch, epochs, report, logs, steps)
-    hooks.on_train_end(logs)
-    return history
-
-
 def _precompile(steps, state, train, validation) -> None:
     """Compile the train step (and the evaluation's) for every width of the pipelines
     before the first step, several at once."""
@@ -827,15 +809,6 @@ def _precompile(steps, state, train, validation) -> None:
         if batches is not None and batches.widths:
             example = next(batches.dataset(0).take(1).as_numpy_iterator())
             steps.precompile(kind, state, example, batches.widths)
-
-
-def _say_epoch(epoch: int, epochs: int, report, logs: dict, steps) -> None:
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in logs.items())
-    print(
-        f"[keras3] epoch {epoch + 1}/{epochs}: {report.steps} steps in {report.calls} calls,"
-        f" {report.seconds:.1f} s, {report.rate()}; {shown}; compiled {report.new_compiles}"
-        f" new step(s), {sum(steps.compiles.values())} in all"
-    )
 
 
 def compilations(model) -> dict:
@@ -851,16 +824,3 @@ def evaluate(model, batches) -> dict:
     split over the devices as in ``fit_resumable``."""
     steps = _steps_for(model, batches, where="keras3.evaluate")
     return steps.evaluate(steps.weights(), batches.dataset(0), batches.steps_per_epoch)
-
-
-def predict_classes(model, batches) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One epoch of ``batches`` through ``model``, split over the devices as in
-    ``fit_resumable``: ``(labels, predictions, weights)`` as flat arrays, as
-    ``metrics.predict_classes`` gives them on the TF engine (weight 0 marks the fillers of
-    a last batch)."""
-    steps = _steps_for(model, batches, where="keras3.predict_classes")
-    count = batches.steps_per_epoch
-    epoch = batches.dataset(0).take(count)  # the same batches each time it is read
-    logits = steps.predict(steps.weights(), epoch, count)
-    labels, weights = zip(*((y, w) for _, y, w in epoch.as_numpy_iterator()), strict=True)
-    return np.concatenate(labels), np.argmax(logits, axis=-1), np.concatenate(weights)

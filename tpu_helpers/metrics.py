@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tpu_helpers.engine import predict_classes  # the one of both engines
 from tpu_helpers.validate import check_labels, check_positive, check_same_length
 
 __all__ = [
@@ -86,40 +87,6 @@ def logits_of(outputs):
 
     logits = getattr(outputs, "logits", outputs)
     return tf.cast(logits, tf.float32) if logits.dtype != tf.float32 else logits
-
-
-def predict_classes(model, batches, strategy):
-    """Run ``model`` on one epoch of ``batches`` (a ``pipeline.Batches`` of ``(features,
-    labels, weights)``) on ``strategy``; return ``(labels, predictions, weights)`` as flat
-    arrays.
-
-    Each step runs on every replica (``strategy.run`` in a ``tf.function``) and the
-    per-replica results are gathered to the host.
-    """
-    import tensorflow as tf
-
-    from tpu_helpers.pipeline import require_batches
-
-    batches = require_batches(batches, "predict_classes")
-    dataset = batches.distribute(strategy)
-    steps = batches.steps_on(strategy)
-
-    @tf.function
-    def step(features):
-        def predict(x):
-            return tf.argmax(logits_of(model(x, training=False)), axis=-1, output_type=tf.int32)
-
-        return strategy.run(predict, args=(features,))
-
-    local = strategy.experimental_local_results
-    labels, preds, weights = [], [], []
-    iterator = iter(dataset)
-    for _ in range(steps):
-        features, y, w = next(iterator)
-        preds += [x.numpy() for x in local(step(features))]
-        labels += [x.numpy() for x in local(y)]
-        weights += [x.numpy() for x in local(w)]
-    return np.concatenate(labels), np.concatenate(preds), np.concatenate(weights)
 
 
 def count_examples(dataset) -> int:

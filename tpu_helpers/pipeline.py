@@ -4,8 +4,8 @@ Every builder in ``tpu_helpers`` returns a ``Batches``: ``text.text_batches`` (t
 splits, data-chosen widths), ``records.read_records`` (TFRecord shards),
 ``images.image_batches`` and ``images.image_record_batches`` (image files, image records),
 ``packing.packed_batches`` (packed rows) and ``mlm.masked_batches`` (masked-LM blocks).
-Every trainer and check takes one: ``checkpoints.fit_resumable``, ``training.CustomLoop``,
-``observe.input_bound_check``, ``xla.preflight``, ``metrics.predict_classes``.
+Every trainer and check takes one: ``engine.fit_resumable`` (both engines), ``training.CustomLoop``,
+``observe.input_bound_check``, ``xla.preflight``, ``engine.predict_classes``.
 
 A ``Batches`` is a plan, not a dataset. It knows:
 

@@ -1,0 +1,231 @@
+"""One training core for both engines: ``fit_resumable`` and ``predict_classes``.
+
+Both engines train a compiled Keras model on a ``pipeline.Batches``, save the whole state
+as they go and resume where they were. What they share is written here once: the checks
+before any step (the data contract, epochs, save cadence, positions, batch splits), the
+run record a folder of saves must match, when a save is due, the history of every epoch
+(those of earlier processes too), and the explanation of a data error met while reading.
+What differs is an engine's ``Trainer`` (the seam):
+
+==========================  ============================================================
+``checkpoints.TfTrainer``   transformers' TF classes and tf-keras: each epoch one ``fit``
+                            call on ``batches.distribute(strategy, ...)``, the state in
+                            ``tf.train`` checkpoints (``RunCheckpoints``)
+``keras3.JaxTrainer``       Keras 3 on JAX: each epoch through ``jax_steps.Steps``
+                            (compiled once per width, steps fused), the state in ``.npz``
+==========================  ============================================================
+
+A trainer has ``steps_per_epoch(batches)``, ``check(train, validation)``,
+``open(directory, run) -> (epoch, step)`` (restore, or start), ``train_epoch(train,
+validation, epoch, first_step, after_call, callbacks) -> logs``, ``save(epoch, step)``,
+``finish()`` and ``predict(batches) -> (labels, predictions, weights)``.
+
+``trainer_for(model)`` picks the engine from the model itself: a Keras 3 model (KerasHub,
+``keras3.classifier``) goes to the JAX trainer, a tf-keras one to the TF trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterable
+
+from tpu_helpers.checks import first_line
+from tpu_helpers.pipeline import require_batches
+from tpu_helpers.validate import check_positive
+
+__all__ = [
+    "fit_resumable",
+    "predict_classes",
+    "trainer_for",
+    "Cadence",
+    "History",
+    "check_save_every",
+    "data_errors_explained",
+]
+
+
+def is_keras3_model(model) -> bool:
+    """Whether ``model`` is a Keras 3 model (the JAX engine's), not a tf-keras one."""
+    return any(c.__module__.startswith("keras.") for c in type(model).__mro__)
+
+
+def trainer_for(model, *, log: Callable[[str], None] = print, verbose=2, fit_kwargs=None):
+    """The engine's ``Trainer`` of ``model`` (see the module doc)."""
+    if is_keras3_model(model):
+        from tpu_helpers.keras3 import JaxTrainer
+
+        if fit_kwargs:
+            raise TypeError(
+                f"{sorted(fit_kwargs)}: options of tf-keras' fit, which the Keras 3 engine"
+                " does not run. Fix: leave them out (validation=, callbacks=, verbose= and"
+                " the save cadence are fit_resumable's own)."
+            )
+        return JaxTrainer(model, log=log, verbose=verbose)
+    from tpu_helpers.checkpoints import TfTrainer
+
+    return TfTrainer(model, log=log, verbose=verbose, fit_kwargs=fit_kwargs or {})
+
+
+class Cadence:
+    """When a save is due: every ``every_steps`` steps or ``every_minutes`` minutes (``None``
+    or 0: never by that measure), counted from the last save (``restart``)."""
+
+    def __init__(self, every_steps: int | None, every_minutes: float | None, step: int = 0):
+        check_save_every(every_steps, every_minutes)
+        self.every_steps, self.every_minutes = every_steps, every_minutes
+        self.restart(step)
+
+    def restart(self, step: int) -> None:
+        self.last_step, self.last_time = step, time.monotonic()
+
+    def due(self, step: int) -> bool:
+        by_steps = self.every_steps and step - self.last_step >= self.every_steps
+        minutes = self.every_minutes
+        by_time = minutes and time.monotonic() - self.last_time >= 60 * minutes
+        return bool(by_steps or by_time)
+
+
+def check_save_every(every_steps, every_minutes, directory: str | None = "-") -> None:
+    """Refuse a save cadence or a save ``directory`` that cannot be meant, naming the fix."""
+    if every_steps:  # None or 0: no saves by step count
+        check_positive(every_steps=every_steps)
+    minutes_ok = isinstance(every_minutes, (int, float)) and not isinstance(every_minutes, bool)
+    if every_minutes is not None and not (minutes_ok and every_minutes >= 0):
+        raise ValueError(
+            f"every_minutes={every_minutes!r} must be a number of minutes. Fix: 10 (a save"
+            " costs seconds; a disconnect loses at most that much training), or 0 for saves"
+            " at epoch ends only."
+        )
+    if not isinstance(directory, str) or not directory:
+        raise TypeError(
+            f"directory={directory!r} must be a folder path (local or gs://). Fix:"
+            " f'{output_dir}/checkpoints'."
+        )
+
+
+class History:
+    """Each epoch's logs in ``directory/history.json``, so that a run resumed in another
+    process returns (and plots) the epochs of the processes before it too. An epoch
+    resumed in the middle reports the metrics of the steps it ran after the resume; an
+    epoch trained again (a kill between its row and its save) replaces its row."""
+
+    def __init__(self, directory: str):
+        import tensorflow as tf
+
+        self.gfile = tf.io.gfile
+        self.path = f"{directory.rstrip('/')}/history.json"
+        self.epochs: dict[str, dict] = {}
+        if self.gfile.exists(self.path):
+            with self.gfile.GFile(self.path) as f:
+                self.epochs = json.load(f)
+
+    def add(self, epoch: int, logs: dict) -> None:
+        self.epochs[str(epoch)] = {k: [float(v)] for k, v in logs.items()}
+        self.gfile.makedirs(self.path.rsplit("/", 1)[0])
+        with self.gfile.GFile(self.path, "w") as f:
+            json.dump(self.epochs, f, indent=1)
+
+    def merged(self) -> dict:
+        """``{metric: [value per epoch]}`` in epoch order, as ``History.history``."""
+        out: dict = {}
+        for epoch in sorted(self.epochs, key=int):
+            for key, values in self.epochs[epoch].items():
+                out.setdefault(key, []).extend(values)
+        return out
+
+
+def fit_resumable(
+    model,
+    train,
+    epochs: int,
+    directory: str,
+    *,
+    validation=None,
+    every_steps: int | None = None,
+    every_minutes: float | None = 10.0,
+    run: dict | None = None,
+    callbacks: Iterable = (),
+    verbose=2,
+    log: Callable[[str], None] = print,
+    **fit_kwargs,
+) -> dict:
+    """Train a compiled ``model`` on ``train`` (a ``pipeline.Batches``) to ``epochs``
+    epochs, on either engine, resuming from the newest save in ``directory`` (local or
+    ``gs://``).
+
+    Each epoch reads its own shuffle of ``train`` from the step it resumes at
+    (``skip_steps``), so a run stopped anywhere and run again ends with the weights of a
+    run that never stopped. Saves come every ``every_steps`` steps or ``every_minutes``
+    minutes (``None`` or 0: never by that measure; checked after each compiled call) and
+    at each epoch's end; ``run`` adds to what the saves must match (the steps per epoch and
+    the global batch always): a folder holding another run is refused, naming the
+    difference. Before any step, rows wider than the model's positions and a global batch
+    the devices cannot split are refused. ``validation`` (a ``Batches``) is evaluated after
+    each epoch; ``callbacks`` are Keras callbacks of the model's Keras. A data error met
+    while reading (a corrupt shard) is raised with what ``train`` says of it (the shard,
+    the fix). ``fit_kwargs`` go to tf-keras' ``fit`` (TF engine only). Returns the history
+    of every epoch of the run, those of earlier processes included, as ``{name: [value
+    per epoch]}`` with ``val_`` names.
+    """
+    train = require_batches(train, "fit_resumable")
+    if validation is not None:
+        validation = require_batches(validation, "fit_resumable(validation=)")
+    check_positive(epochs=epochs)
+    cadence = Cadence(every_steps, every_minutes)
+    check_save_every(every_steps, every_minutes, directory)
+    trainer = trainer_for(model, log=log, verbose=verbose, fit_kwargs=fit_kwargs)
+    steps = trainer.steps_per_epoch(train)
+    trainer.check(train, validation)
+    run = {"steps_per_epoch": steps, "global_batch": train.global_batch, **(run or {})}
+    epoch, first = trainer.open(directory, run)
+    history = History(directory)
+    if epoch >= epochs:
+        log(f"already trained: {epoch} epoch(s) of {steps} steps")
+    while epoch < epochs:
+        cadence.restart(first)
+
+        def after_call(step, epoch=epoch):
+            if step < steps and cadence.due(step):
+                trainer.save(epoch, step)
+                cadence.restart(step)
+
+        with data_errors_explained(train, f"epoch {epoch + 1} after step {first}"):
+            logs = trainer.train_epoch(train, validation, epoch, first, after_call, callbacks)
+        history.add(epoch, logs)  # before the save: a kill between them redoes this row
+        trainer.save(epoch + 1, 0)
+        epoch, first = epoch + 1, 0
+    trainer.finish()
+    return history.merged()
+
+
+def predict_classes(model, batches, strategy=None):
+    """One epoch of ``batches`` through ``model`` on either engine, split over its devices
+    (the TF engine: ``strategy``, or the model's own): ``(labels, predictions, weights)``
+    as flat arrays, weight 0 marking the fillers of a last batch."""
+    batches = require_batches(batches, "predict_classes")
+    trainer = trainer_for(model)
+    return trainer.predict(batches, strategy)
+
+
+@contextlib.contextmanager
+def data_errors_explained(batches, where: str):
+    """Re-raise a data error met while reading ``batches`` (a corrupt record, a broken
+    image) with what the pipeline can say of it: the file, and the fix."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
+        explained = batches.explain_error(err)
+        if isinstance(err, tf.errors.DataLossError) and explained is None:
+            explained = (
+                f"A record file of the training data is corrupt ({first_line(err)});"
+                " TensorFlow does not say which file. Fix: records.verify_records(<metadata"
+                " or folder>) names the shard; copy it again, or read with"
+                " on_corrupt='skip'. The last checkpoint is intact."
+            )
+        if explained is None:
+            raise
+        raise type(err)(err.node_def, err.op, f"Read in {where}: {explained}") from err
