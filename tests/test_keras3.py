@@ -178,6 +178,31 @@ def test_the_tf_engine_loads_what_the_keras3_engine_saved_with_the_same_logits(
         np.testing.assert_allclose(np.asarray(got[family]), want[family], atol=1e-4, err_msg=family)
 
 
+def test_the_private_keras_and_kerashub_parts_the_engine_needs_are_where_they_were(
+    fixtures_dir,
+):
+    from tpu_helpers import keras_internals as internals
+
+    found = internals.versions()
+    assert found["keras"][1] and found["keras-hub"][1], (found, internals.WRITTEN_FOR)
+    folder = fixtures_dir / "engines" / "distilbert"
+    config = json.loads((folder / "config.json").read_text())
+    assert callable(internals.hub_converter(folder, config).convert_weights)
+    model = keras3.classifier(folder, verbose=False)
+    norms = [
+        layer
+        for layer in internals.sublayers(_backbone_of(model))
+        if isinstance(layer, keras.layers.LayerNormalization)
+    ]
+    assert len(norms) == 1 + 2 * 2  # the embeddings', and two in each of the two layers
+    keras3.compile_classifier(model, 1e-3)
+    before = len(model.metrics_variables)  # the loss tracker's, not the compiled metrics'
+    features, ref = reference(fixtures_dir, "distilbert")
+    weights = np.ones(len(ref["labels"]), "float32")
+    internals.build_for_training(model, (features, ref["labels"], weights))
+    assert len(model.metrics_variables) >= before + 2  # the accuracy's total and count
+
+
 def test_a_weight_left_unloaded_or_a_mask_ignored_is_caught(fixtures_dir, monkeypatch):
     features, ref = reference(fixtures_dir, "bert")
     folder = fixtures_dir / "engines" / "bert"

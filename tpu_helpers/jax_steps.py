@@ -198,8 +198,9 @@ class Steps:
             if not self.model.built:
                 self.model(batch[0])
             return
-        # Keras 3.0-3.15 build the compiled metrics so, privately; a public twin is wanting
-        self.model._symbolic_build(data_batch=tuple(batch))
+        from tpu_helpers.keras_internals import build_for_training
+
+        build_for_training(self.model, batch)
         if not self.optimizer.built:
             self.optimizer.build(self.model.trainable_variables)
 
@@ -258,7 +259,7 @@ class Steps:
 
     def results(self, metrics) -> dict:
         """The metrics' results (``loss``, ``accuracy`` ...) of these metric values."""
-        from keras.src.backend import StatelessScope
+        from keras import StatelessScope
 
         mapping = list(zip(self.model.metrics_variables, metrics, strict=True))
         with StatelessScope(state_mapping=mapping):

@@ -239,8 +239,12 @@ def _compute_as_configured(keras, backbone, config: dict) -> None:
     the layer-norm epsilon (BERT's is 1e-12, RoBERTa's 1e-5, ViT's 1e-6 in KerasHub,
     whatever the checkpoint's config) and the feed-forward GELU (KerasHub's BERT uses the
     tanh approximation; ``hidden_act: gelu`` is the exact one)."""
+    from tpu_helpers.keras_internals import sublayers
+
     epsilon = config.get("layer_norm_eps", config.get("layer_norm_epsilon"))
-    from keras_hub.src.utils.keras_utils import gelu_approximate
+
+    def gelu_approximate(x):  # the tanh approximation, under KerasHub's name for it
+        return keras.activations.gelu(x, approximate=True)
 
     act = config.get("hidden_act", config.get("activation"))
     activations = {
@@ -256,7 +260,7 @@ def _compute_as_configured(keras, backbone, config: dict) -> None:
             " the TF engine (notebooks 01-04)."
         )
     activation = activations.get(act)
-    for layer in backbone._flatten_layers(include_self=False, recursive=True):
+    for layer in sublayers(backbone):
         if epsilon is not None and isinstance(layer, keras.layers.LayerNormalization):
             layer.epsilon = float(epsilon)
         if activation and isinstance(layer, keras.layers.Dense):
@@ -321,7 +325,8 @@ def _backbone(keras, folder: Path, config: dict, head: Head):
     config says; and the reader that read them."""
     try:
         import keras_hub
-        from keras_hub.src.utils.transformers.preset_loader import TransformersPresetLoader
+
+        from tpu_helpers.keras_internals import hub_converter
     except ImportError as error:
         raise EngineError(
             f"KerasHub does not import ({error}). Fix: python -m tpu_helpers install --engine"
@@ -331,8 +336,7 @@ def _backbone(keras, folder: Path, config: dict, head: Head):
     settings = {arg: config[field] for arg, field in head.backbone if field in config}
     backbone = keras_hub.models.Backbone.from_preset(str(folder), load_weights=False, **settings)
     reader = _Reader(folder, head.optional)
-    converter = TransformersPresetLoader(str(folder), config).converter
-    converter.convert_weights(backbone, reader, config)
+    hub_converter(folder, config).convert_weights(backbone, reader, config)
     _compute_as_configured(keras, backbone, config)
     if head.fold_token_type and reader.find("embeddings.token_type_embeddings.weight"):
         positions = backbone.embeddings.position_embedding.position_embeddings

@@ -1,0 +1,56 @@
+"""The private parts of Keras and KerasHub the Keras 3 engine needs, in one place.
+
+Each is used because no public API does the same, and each was written against the
+versions in ``WRITTEN_FOR``; ``tests/test_keras3.py`` checks every one on the Keras 3
+stack, so that a release that moves or changes one fails there, naming it.
+
+=========================  ==============================================================
+``hub_converter``          KerasHub's converter of a family from the hub's layout (its
+                           ``convert_weights(backbone, loader, config)`` calls the loader's
+                           ``port_weight`` and ``get_tensor``): ``keras_hub.src.utils.
+                           transformers.preset_loader.TransformersPresetLoader``
+``sublayers``              every layer inside a layer, recursively: ``Layer._flatten_layers``
+``build_for_training``     a compiled model's metrics, loss and optimizer built for a batch,
+                           as ``fit`` does first: ``Trainer._symbolic_build``
+=========================  ==============================================================
+"""
+
+from __future__ import annotations
+
+__all__ = ["WRITTEN_FOR", "hub_converter", "sublayers", "build_for_training", "versions"]
+
+#: distribution -> the minor versions these internals were read in and tested with
+WRITTEN_FOR = {"keras": ("3.13", "3.14", "3.15"), "keras-hub": ("0.32",)}
+
+
+def versions() -> dict:
+    """The installed versions of ``WRITTEN_FOR``'s distributions, and whether each is one
+    of the versions written for: ``{name: (version, known)}``."""
+    from importlib import metadata
+
+    found = {}
+    for name, minors in WRITTEN_FOR.items():
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        found[name] = (version, ".".join(version.split(".")[:2]) in minors)
+    return found
+
+
+def hub_converter(folder: str, config: dict):
+    """KerasHub's converter module of ``config``'s family (``convert_weights``)."""
+    from keras_hub.src.utils.transformers.preset_loader import TransformersPresetLoader
+
+    return TransformersPresetLoader(str(folder), config).converter
+
+
+def sublayers(layer) -> list:
+    """Every layer inside ``layer``, recursively (``layer`` itself excluded)."""
+    return list(layer._flatten_layers(include_self=False, recursive=True))
+
+
+def build_for_training(model, batch) -> None:
+    """Build a compiled Keras 3 model's metrics, loss and optimizer for batches like
+    ``batch`` (``(features, labels, weights)``), as ``fit`` does before its first step."""
+    model._symbolic_build(data_batch=tuple(batch))
