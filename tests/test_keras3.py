@@ -473,7 +473,24 @@ def test_a_model_and_optimizer_made_again_resume_the_run_and_bad_settings_are_re
     keras3.fit_resumable(model, train, 1, str(tmp_path / "ab"), run={"model": "a"}, verbose=0)
     with pytest.raises(CheckpointMismatchError, match="model was 'a' there and is 'b' now"):
         keras3.fit_resumable(model, train, 2, str(tmp_path / "ab"), run={"model": "b"})
+    # another order of the epoch's batches: a resumed epoch would skip other batches
+    _, regrouped = _cola_batches(fixtures_dir, group_widths=2)
+    with pytest.raises(CheckpointMismatchError, match="order was .*'group_widths': 1"):
+        keras3.fit_resumable(model, regrouped, 2, str(tmp_path / "ab"), run={"model": "a"})
     assert issubclass(CheckpointMismatchError, TpuHelpersError)
+
+
+def test_a_learning_rate_a_callback_sets_is_the_one_the_steps_use(fixtures_dir, tmp_path):
+    checkpoint, train = _cola_batches(fixtures_dir)
+    model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
+    keras3.compile_classifier(model, 1e-3)
+    keras3.fit_resumable(model, train, 1, str(tmp_path), verbose=0)
+    after_one = [np.asarray(v.value) for v in model.trainable_variables]
+    frozen = keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.0 if epoch else rate)
+    keras3.fit_resumable(model, train, 2, str(tmp_path), callbacks=[frozen], verbose=0)
+    for before, after in zip(after_one, model.trainable_variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(after.value), before)  # rate 0: no move
+    assert float(model.optimizer.learning_rate) == 0.0
 
 
 def test_a_global_batch_the_devices_cannot_split_is_refused_before_any_step(fixtures_dir):
@@ -484,7 +501,7 @@ def test_a_global_batch_the_devices_cannot_split_is_refused_before_any_step(fixt
     keras3.compile_classifier(model, 1e-3)
     rows = {k: np.concatenate([v, v[:4]]) for k, v in features.items()}
     twelve = from_arrays(rows, np.concatenate([ref["labels"], ref["labels"][:4]]), global_batch=12)
-    with pytest.raises(ValueError, match="global batch of 12 rows does not split over 8 devices"):
+    with pytest.raises(ValueError, match="global batch 12 does not divide across 8 replicas"):
         keras3.fit_resumable(model, twelve, 1, "unused")
     with pytest.raises(ValueError, match="multiple of 8"):
         keras3.predict_classes(model, twelve)

@@ -258,21 +258,24 @@ class TfTrainer:
     def __init__(self, model, *, log: Callable[[str], None] = print, verbose=2, fit_kwargs=None):
         self.model, self.log = model, log
         self.fit_kwargs = {"verbose": verbose, **(fit_kwargs or {})}
+        self.max_to_keep = self.fit_kwargs.pop("max_to_keep", 2)  # checkpoints kept
         self.strategy = getattr(model, "distribute_strategy", None)
 
     def steps_per_epoch(self, batches) -> int:
         return batches.steps_on(self.strategy)
 
+    def model_config(self):
+        return model_config(self.model)
+
     def check(self, train, validation) -> None:
-        train.check_positions(model_config(self.model))
         for batches in (train, validation):
             if batches is not None and self.strategy is not None:
                 batches.per_replica_batch(self.strategy.num_replicas_in_sync)
 
-    def open(self, directory: str, run: dict) -> tuple[int, int]:
+    def open(self, directory: str, run: dict, epochs: int) -> tuple[int, int]:
         self.steps = run["steps_per_epoch"]
         self.checkpoints = RunCheckpoints(
-            directory, self.model, self.model.optimizer, run, max_to_keep=2, log=self.log
+            directory, self.model, self.model.optimizer, run, self.max_to_keep, self.log
         )
         epoch, skip = self.checkpoints.resume_point(self.steps)
         if not self.checkpoints.manager.latest_checkpoint:

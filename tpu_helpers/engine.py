@@ -15,8 +15,9 @@ What differs is an engine's ``Trainer`` (the seam):
                             (compiled once per width, steps fused), the state in ``.npz``
 ==========================  ============================================================
 
-A trainer has ``steps_per_epoch(batches)``, ``check(train, validation)``,
-``open(directory, run) -> (epoch, step)`` (restore, or start), ``train_epoch(train,
+A trainer has ``steps_per_epoch(batches)``, ``check(train, validation)``, ``model_config()``
+(for the positions), ``open(directory, run, epochs) -> (epoch, step)`` (restore, or save
+the start), ``train_epoch(train,
 validation, epoch, first_step, after_call, callbacks) -> logs``, ``save(epoch, step)``,
 ``finish()`` and ``predict(batches) -> (labels, predictions, weights)``.
 
@@ -54,7 +55,9 @@ def is_keras3_model(model) -> bool:
 def trainer_for(model, *, log: Callable[[str], None] = print, verbose=2, fit_kwargs=None):
     """The engine's ``Trainer`` of ``model`` (see the module doc)."""
     if is_keras3_model(model):
-        from tpu_helpers.keras3 import JaxTrainer
+        from tpu_helpers.keras3 import JaxTrainer, _keras
+
+        _keras()  # Keras 3 on another backend is refused, with the fix
 
         if fit_kwargs:
             raise TypeError(
@@ -73,7 +76,6 @@ class Cadence:
     or 0: never by that measure), counted from the last save (``restart``)."""
 
     def __init__(self, every_steps: int | None, every_minutes: float | None, step: int = 0):
-        check_save_every(every_steps, every_minutes)
         self.every_steps, self.every_minutes = every_steps, every_minutes
         self.restart(step)
 
@@ -124,8 +126,9 @@ class History:
     def add(self, epoch: int, logs: dict) -> None:
         self.epochs[str(epoch)] = {k: [float(v)] for k, v in logs.items()}
         self.gfile.makedirs(self.path.rsplit("/", 1)[0])
-        with self.gfile.GFile(self.path, "w") as f:
+        with self.gfile.GFile(f"{self.path}.partial", "w") as f:  # a kill leaves the old
             json.dump(self.epochs, f, indent=1)
+        self.gfile.rename(f"{self.path}.partial", self.path, True)
 
     def merged(self) -> dict:
         """``{metric: [value per epoch]}`` in epoch order, as ``History.history``."""
@@ -173,17 +176,23 @@ def fit_resumable(
     if validation is not None:
         validation = require_batches(validation, "fit_resumable(validation=)")
     check_positive(epochs=epochs)
-    cadence = Cadence(every_steps, every_minutes)
     check_save_every(every_steps, every_minutes, directory)
+    cadence = Cadence(every_steps, every_minutes)
     trainer = trainer_for(model, log=log, verbose=verbose, fit_kwargs=fit_kwargs)
     steps = trainer.steps_per_epoch(train)
     trainer.check(train, validation)
+    for batches in (train, validation):  # rows wider than the model's positions
+        if batches is not None:
+            batches.check_positions(trainer.model_config())
     run = {"steps_per_epoch": steps, "global_batch": train.global_batch, **(run or {})}
-    epoch, first = trainer.open(directory, run)
+    if train.order:  # what decides which batches a resumed epoch skips
+        run["order"] = train.order
+    epoch, first = trainer.open(directory, run, epochs)
     history = History(directory)
     if epoch >= epochs:
         log(f"already trained: {epoch} epoch(s) of {steps} steps")
-    while epoch < epochs:
+    model.stop_training = False
+    while epoch < epochs and not model.stop_training:  # stop_training: EarlyStopping
         cadence.restart(first)
 
         def after_call(step, epoch=epoch):

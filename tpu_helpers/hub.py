@@ -402,6 +402,12 @@ def write_hub_weights(tensors: dict, folder, max_shard_bytes: int | None = None)
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    for old in [
+        folder / SAFETENSORS,
+        folder / SAFETENSORS_INDEX,
+        *folder.glob("model-*-of-*.safetensors"),
+    ]:
+        old.unlink(missing_ok=True)  # an earlier save of the other layout would be read first
     shards = _split(tensors, max_shard_bytes)
     names = (
         [SAFETENSORS]

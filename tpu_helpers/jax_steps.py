@@ -229,12 +229,6 @@ class Steps:
         )
         return jax.device_put(values, self.replicated)
 
-    def reset_metrics(self, state) -> tuple:
-        import jax
-
-        metrics = [np.zeros(v.shape, v.dtype) for v in self.model.metrics_variables]
-        return (*state[:3], jax.device_put(metrics, self.replicated))
-
     def saved_values(self, state) -> list[np.ndarray]:
         """The state's weights, non-trainable variables and optimizer, on the host, in the
         order of ``keras3``'s saves."""
@@ -266,15 +260,6 @@ class Steps:
             return {k: float(v) for k, v in self.model.get_metrics_result().items()}
 
     # --- runs -----------------------------------------------------------------------
-    def check_batch(self, global_batch: int, name: str = "the data") -> None:
-        if global_batch % self.devices:
-            per = max(1, global_batch // self.devices)
-            raise ValueError(
-                f"{name}: a global batch of {global_batch} rows does not split over"
-                f" {self.devices} devices. Fix: a global batch that is a multiple of"
-                f" {self.devices} (per-device batch x devices, e.g. {per * self.devices})."
-            )
-
     def train(
         self,
         state,

@@ -479,6 +479,11 @@ def save_hub_layout(
             " of its weights are unknown. Fix: build it with keras3.classifier(checkpoint),"
             " or save it in the Keras format with model.save('model.keras')."
         )
+    if "://" not in str(folder) and Path(folder).resolve() == source.folder.resolve():
+        raise ValueError(
+            f"{folder} is the folder the model was read from; writing there would replace"
+            " the checkpoint it still reads. Fix: another folder, e.g. f'{output_dir}/model'."
+        )
     if "://" in str(folder):  # a bucket: written here, then copied
         import tempfile
 
@@ -697,9 +702,11 @@ class JaxTrainer:
     """The Keras 3 engine's side of ``engine.fit_resumable`` (the one training loop of both
     engines): each epoch through the model's ``jax_steps.Steps`` (each width compiled once,
     ``steps_per_execution`` steps fused, batches put on the devices ahead), the state in
-    ``_Saves``. Keras callbacks are called at the train's, the epochs' and the calls'
-    beginnings and ends (``on_train_batch_end`` with the call's last step; batch logs are
-    empty, so that no call waits for the devices; the epoch's logs are whole)."""
+    ``_Saves``. Keras callbacks are called at the train's and the epochs' beginnings and
+    ends, and at each call's end (``on_train_batch_end`` with the call's last step; batch
+    logs are empty, so that no call waits for the devices; the epoch's logs are whole).
+    The state is read from the model's variables at each epoch's start, after the
+    callbacks (a learning rate they set counts), and written back at its end."""
 
     def __init__(self, model, *, log=print, verbose=2):
         self.model, self.log, self.verbose = model, log, verbose
@@ -708,6 +715,10 @@ class JaxTrainer:
     def steps_per_epoch(self, batches) -> int:
         return batches.steps_per_epoch
 
+    def model_config(self):
+        source = getattr(self.model, "hub_source", None)
+        return SimpleNamespace(**source.config) if isinstance(source, HubSource) else None
+
     def check(self, train, validation) -> None:
         if getattr(self.model, "optimizer", None) is None:
             raise EngineError(
@@ -715,15 +726,13 @@ class JaxTrainer:
                 " learning_rate) or model.compile(...) before fit_resumable."
             )
         self.steps = _steps_for(self.model, train, validation, where="fit_resumable")
-        source = getattr(self.model, "hub_source", None)
-        if isinstance(source, HubSource):  # rows wider than the positions
-            train.check_positions(SimpleNamespace(**source.config))
 
-    def open(self, directory: str, run: dict) -> tuple[int, int]:
-        self.saves = _Saves(directory, run)
+    def open(self, directory: str, run: dict, epochs: int) -> tuple[int, int]:
+        self.saves, self.epochs = _Saves(directory, run), epochs
         point = self.saves.restore(self.model)
-        self.state, self.first_epoch = self.steps.state(), point.epoch
-        self.compiled = sum(self.steps.compiles.values())
+        if self.saves.latest() is None:  # the start: what a re-run after an interrupt reads
+            self.saves.save(self.model, ResumePoint(0, 0))
+        self.first_epoch, self.compiled = point.epoch, sum(self.steps.compiles.values())
         return point.epoch, point.step
 
     def train_epoch(self, train, validation, epoch, first, after_call, callbacks) -> dict:
@@ -732,12 +741,13 @@ class JaxTrainer:
         steps, per_epoch = self.steps, train.steps_per_epoch
         if self.hooks is None:
             self.hooks = keras.callbacks.CallbackList(
-                list(callbacks), model=self.model, steps=per_epoch
+                list(callbacks), model=self.model, epochs=self.epochs, steps=per_epoch, verbose=0
             )
             self.hooks.on_train_begin()
         if first and self.verbose:
             self.log(f"[keras3] resuming epoch {epoch + 1} at step {first} of {per_epoch}")
         self.hooks.on_epoch_begin(epoch)
+        self.state = steps.state()  # after the callbacks: a learning rate they set counts
         if epoch == self.first_epoch:  # in the first epoch's time, as a first epoch pays it
             _precompile(steps, self.state, train, validation)
 
@@ -747,7 +757,7 @@ class JaxTrainer:
             after_call(first + done)
 
         self.state, report = steps.train(
-            steps.reset_metrics(self.state),
+            self.state,
             train.dataset(epoch, skip_steps=first),
             per_epoch - first,
             called,
@@ -801,7 +811,7 @@ def _steps_for(model, *batches, where: str):
     given = [require_batches(b, where) for b in batches if b is not None]
     steps = Steps.of(model)
     for plan in given:
-        steps.check_batch(plan.global_batch, plan.name)
+        plan.per_replica_batch(steps.devices)  # refused with the fix unless it splits
     steps.build(next(given[0].dataset(0).take(1).as_numpy_iterator()))
     return steps
 

@@ -20,7 +20,9 @@ A ``Batches`` is a plan, not a dataset. It knows:
   ``real_tokens``, ``real_token_share``; ``None`` without tokens), ``max_width`` (the
   widest token row, checked against a model's positions before the first step) and
   ``widths`` (every width its token rows are padded to, where known: an engine compiles
-  one step per width, and may do so before the first step).
+  one step per width, and may do so before the first step) and ``order`` (what decides the
+  order of an epoch's batches, where it can change: recorded with a run's saves, since a
+  resumed epoch skips the batches it had reached).
 
 Every element is ``(features, labels, weights)``: ``features`` a dict, weight 0 marks the
 rows that complete a batch (a TPU needs full batches) and count for nothing.
@@ -151,6 +153,7 @@ class Batches:
     padding: object | None = None
     max_width: int | None = None
     widths: tuple | None = None
+    order: dict | None = field(default=None, compare=False)
     name: str = "batches"
     reads_per_host: bool = False
     steps_for: Callable[[int, int], int] | None = field(default=None, repr=False)

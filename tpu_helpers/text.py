@@ -481,7 +481,7 @@ def text_batches(
     from tpu_helpers.pipeline import Batches, seed_pair
 
     boundaries = check_boundaries(boundaries)
-    check_positive(global_batch=global_batch)
+    check_positive(global_batch=global_batch, group_widths=group_widths)
     lengths = _checked_lengths(split, label_column)
     # per token columns: input_ids and, for sentence pairs, token_type_ids
     per_token = [c for c in ("input_ids", "token_type_ids") if c in _columns(split)]
@@ -525,6 +525,7 @@ def text_batches(
         padding=padding_report(lengths, boundaries),
         max_width=boundaries[-1],
         widths=tuple(boundaries),
+        order={"seed": seed, "shuffle": shuffle, "group_widths": group_widths},
         name="text batches",
         reads_per_host=True,
     )
