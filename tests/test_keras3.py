@@ -202,6 +202,16 @@ def test_the_private_keras_and_kerashub_parts_the_engine_needs_are_where_they_we
     internals.build_for_training(model, (features, ref["labels"], weights))
     assert len(model.metrics_variables) >= before + 2  # the accuracy's total and count
 
+    # each compile call is told apart, the same optimizer object kept or not
+    from tpu_helpers.jax_steps import Steps
+
+    optimizer = keras.optimizers.SGD(0.1)
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(True))
+    first = Steps.of(model)
+    assert Steps.of(model) is first
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(False))
+    assert Steps.of(model) is not first
+
 
 def test_a_weight_left_unloaded_or_a_mask_ignored_is_caught(fixtures_dir, monkeypatch):
     features, ref = reference(fixtures_dir, "bert")

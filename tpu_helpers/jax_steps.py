@@ -85,7 +85,10 @@ class Steps:
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
+        from tpu_helpers.keras_internals import compiled_with
+
         self.model, self.optimizer = model, getattr(model, "optimizer", None)
+        self.compiled_with = compiled_with(model)
         self.per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
         self.mesh = _mesh()
         self.devices = int(self.mesh.devices.size)
@@ -108,12 +111,17 @@ class Steps:
 
     @classmethod
     def of(cls, model) -> Steps:
-        """The model's ``Steps``, made once per ``compile`` (optimizer and
-        ``steps_per_execution``)."""
+        """The model's ``Steps``, made again after each ``compile`` (its optimizer, loss,
+        metrics and ``steps_per_execution``)."""
+        from tpu_helpers.keras_internals import compiled_with
+
         steps = getattr(model, "_tpu_helpers_steps", None)
-        fresh = steps is None or steps.optimizer is not getattr(model, "optimizer", None)
+        now = compiled_with(model)
         per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
-        if fresh or steps.per_call != per_call:
+        same = steps is not None and all(
+            a is b for a, b in zip(steps.compiled_with, now, strict=True)
+        )
+        if not same or steps.per_call != per_call:
             steps = cls(model)
             model._tpu_helpers_steps = steps
         return steps
@@ -297,16 +305,17 @@ class Steps:
             metrics = self._run("evaluate", (*weights, metrics), batch)
         return self.results(jax.device_get(metrics))
 
-    def predict(self, weights, dataset, steps: int) -> np.ndarray:
-        """The model's outputs for ``steps`` batches of ``dataset`` (features first), with
-        ``weights`` (as in ``evaluate``), concatenated on the host."""
+    def predict(self, weights, dataset, steps: int) -> tuple:
+        """The model's outputs for ``steps`` batches of ``dataset`` (``(features, labels,
+        weights)``), with ``weights`` (as in ``evaluate``): ``(outputs, labels, weights)``
+        concatenated on the host, from one reading of the dataset."""
         import jax
 
-        outputs = [
-            self._run("predict", weights, batch[0])
+        found = [
+            (self._run("predict", weights, batch[0]), batch[1], batch[2])
             for batch, _, _ in _Feed(self, dataset.take(steps), None)
         ]
-        return np.concatenate([np.asarray(o) for o in jax.device_get(outputs)])
+        return tuple(np.concatenate(part) for part in zip(*jax.device_get(found), strict=True))
 
 
 def _avals(args) -> tuple:

@@ -797,10 +797,8 @@ class JaxTrainer:
             )
         steps = _steps_for(self.model, batches, where="predict_classes")
         count = batches.steps_per_epoch
-        epoch = batches.dataset(0).take(count)  # the same batches each time it is read
-        logits = steps.predict(steps.weights(), epoch, count)
-        labels, weights = zip(*((y, w) for _, y, w in epoch.as_numpy_iterator()), strict=True)
-        return np.concatenate(labels), np.argmax(logits, axis=-1), np.concatenate(weights)
+        logits, labels, weights = steps.predict(steps.weights(), batches.dataset(0), count)
+        return labels, np.argmax(logits, axis=-1), weights
 
 
 def _steps_for(model, *batches, where: str):

@@ -12,12 +12,21 @@ stack, so that a release that moves or changes one fails there, naming it.
 ``sublayers``              every layer inside a layer, recursively: ``Layer._flatten_layers``
 ``build_for_training``     a compiled model's metrics, loss and optimizer built for a batch,
                            as ``fit`` does first: ``Trainer._symbolic_build``
+``compiled_with``          what a ``compile`` call set (each call makes new loss and
+                           metrics containers): ``Trainer._compile_loss``/``_compile_metrics``
 =========================  ==============================================================
 """
 
 from __future__ import annotations
 
-__all__ = ["WRITTEN_FOR", "hub_converter", "sublayers", "build_for_training", "versions"]
+__all__ = [
+    "WRITTEN_FOR",
+    "hub_converter",
+    "sublayers",
+    "build_for_training",
+    "compiled_with",
+    "versions",
+]
 
 #: distribution -> the minor versions these internals were read in and tested with
 WRITTEN_FOR = {"keras": ("3.13", "3.14", "3.15"), "keras-hub": ("0.32",)}
@@ -54,3 +63,14 @@ def build_for_training(model, batch) -> None:
     """Build a compiled Keras 3 model's metrics, loss and optimizer for batches like
     ``batch`` (``(features, labels, weights)``), as ``fit`` does before its first step."""
     model._symbolic_build(data_batch=tuple(batch))
+
+
+def compiled_with(model) -> tuple:
+    """What the model's last ``compile`` set, to tell one ``compile`` from the next (each
+    call makes new loss and metrics containers): ``(optimizer, loss container, metrics
+    container)``, to compare element by element with ``is``."""
+    return (
+        getattr(model, "optimizer", None),
+        getattr(model, "_compile_loss", None),
+        getattr(model, "_compile_metrics", None),
+    )
