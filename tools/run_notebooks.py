@@ -297,22 +297,30 @@ def execute(
         "dynamic_ncols": False,
         "leave": False,
     }
-    try:
-        with stderr_to(target.with_suffix(".kernel.log")):
-            papermill.execute_notebook(
-                notebook,
-                str(target),
-                parameters=parameters,
-                prepare_only=prepare_only,
-                kernel_name="python3",
-                cwd=cwd,
-                progress_bar=bar or False,
-                log_output=False,
-            )
-    except papermill.PapermillExecutionError as err:
-        failure = f"FAILED ({err.ename}: {err.evalue}; kernel log: {target.stem}.kernel.log)"
-        return failure, time.time() - start
-    return None, time.time() - start
+    for start_try in range(3):
+        try:
+            with stderr_to(target.with_suffix(".kernel.log")):
+                papermill.execute_notebook(
+                    notebook,
+                    str(target),
+                    parameters=parameters,
+                    prepare_only=prepare_only,
+                    kernel_name="python3",
+                    cwd=cwd,
+                    progress_bar=bar or False,
+                    log_output=False,
+                )
+        except papermill.PapermillExecutionError as err:
+            failure = f"FAILED ({err.ename}: {err.evalue}; kernel log: {target.stem}.kernel.log)"
+            return failure, time.time() - start
+        except RuntimeError as err:
+            # The kernel died before it answered: no cell ran (kernels started at the same
+            # moment can pick the same port), so it is started again, twice at most.
+            if "before replying to kernel_info" not in str(err) or start_try == 2:
+                raise
+            continue
+        return None, time.time() - start
+    raise AssertionError("unreachable")
 
 
 if __name__ == "__main__":
