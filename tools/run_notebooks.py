@@ -297,7 +297,8 @@ def execute(
         "dynamic_ncols": False,
         "leave": False,
     }
-    for start_try in range(3):
+    started = 0
+    while True:
         try:
             with stderr_to(target.with_suffix(".kernel.log")):
                 papermill.execute_notebook(
@@ -316,11 +317,11 @@ def execute(
         except RuntimeError as err:
             # The kernel died before it answered: no cell ran (kernels started at the same
             # moment can pick the same port), so it is started again, twice at most.
-            if "before replying to kernel_info" not in str(err) or start_try == 2:
+            started += 1
+            if "before replying to kernel_info" not in str(err) or started == 3:
                 raise
             continue
         return None, time.time() - start
-    raise AssertionError("unreachable")
 
 
 if __name__ == "__main__":

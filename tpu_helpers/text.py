@@ -498,20 +498,8 @@ def text_batches(
             rows = input_context.get_per_replica_batch_size(global_batch)
             indices, widths, weights = _this_pipelines_rows(indices, widths, weights, input_context)
 
-        def gather(idx, width, weight):
-            # the batch dimension is static (a TPU needs it); the width is one of boundaries
-            features = {}
-            for column, values in ragged.items():
-                batch = tf.gather(values, idx)
-                features[column] = tf.ensure_shape(
-                    batch.to_tensor(shape=[rows, width]), [rows, None]
-                )
-            mask = tf.sequence_mask(batch.row_lengths(), width, dtype=tf.int32)
-            features["attention_mask"] = tf.ensure_shape(mask, [rows, None])
-            labels_ = tf.ensure_shape(tf.gather(labels, idx), [rows])
-            return features, labels_, tf.ensure_shape(weight, [rows])
-
         ds = tf.data.Dataset.from_tensor_slices((indices, widths, weights))
+        gather = _batch_gatherer(ragged, labels, rows)
         ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if transform is not None:
             ds = transform(ds)
@@ -529,6 +517,25 @@ def text_batches(
         name="text batches",
         reads_per_host=True,
     )
+
+
+def _batch_gatherer(ragged: dict, labels, rows: int):
+    """``(indices, width, weights) -> (features, labels, weights)``: one batch of ``rows``
+    rows padded to ``width``, with its attention mask. The batch dimension is static (a
+    TPU needs it); the width is one of the boundaries."""
+    import tensorflow as tf
+
+    def gather(idx, width, weight):
+        features = {}
+        for column, values in ragged.items():
+            batch = tf.gather(values, idx)
+            features[column] = tf.ensure_shape(batch.to_tensor(shape=[rows, width]), [rows, None])
+        mask = tf.sequence_mask(batch.row_lengths(), width, dtype=tf.int32)
+        features["attention_mask"] = tf.ensure_shape(mask, [rows, None])
+        labels_ = tf.ensure_shape(tf.gather(labels, idx), [rows])
+        return features, labels_, tf.ensure_shape(weight, [rows])
+
+    return gather
 
 
 def _ragged(column, lengths, width: int):
