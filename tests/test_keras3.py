@@ -7,6 +7,7 @@ KerasHub loads the same files on JAX, over 8 simulated devices. These tests run 
 Keras 3 stack (``STACK=keras3``) and are skipped where KerasHub is not installed.
 """
 
+import itertools
 import json
 import logging
 import os
@@ -444,16 +445,21 @@ def test_each_width_compiles_once_over_epochs_calls_and_a_resume(fixtures_dir, t
 def test_fused_steps_give_the_weights_of_one_step_per_call(fixtures_dir, tmp_path):
     checkpoint, train = _cola_batches(fixtures_dir, group_widths=4)
     start = keras3.classifier(checkpoint, num_labels=2, verbose=False)
+    # some width's batches are not a multiple of 4: calls completed with idle steps
+    widths = [b[0]["input_ids"].shape[1] for b in train.dataset(0).as_numpy_iterator()]
+    assert any(widths.count(w) % 4 for w in set(widths)), widths
+    runs = [len(list(run)) for _, run in itertools.groupby(widths)]  # of one width, in order
     trained = {}
     for per_call in (1, 4):
         model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
         keras3.compile_classifier(model, 1e-3, steps_per_execution=per_call)
-        keras3.fit_resumable(model, train, 2, str(tmp_path / str(per_call)), verbose=0)
+        said = []
+        keras3.fit_resumable(model, train, 2, str(tmp_path / str(per_call)), log=said.append)
         trained[per_call] = [np.asarray(v.value) for v in model.weights]
-        assert model._tpu_helpers_steps.per_call == per_call
-    # some width's batches are not a multiple of 4: calls completed with idle steps
-    widths = [b[0]["input_ids"].shape[1] for b in train.dataset(0).as_numpy_iterator()]
-    assert any(widths.count(w) % 4 for w in set(widths)), widths
+        # the first epoch's line: its steps in one call per run of up to per_call steps
+        calls = sum(-(-run // per_call) for run in runs)
+        assert f"{len(widths)} steps in {calls} calls" in said[0], said
+    assert sum(-(-run // 4) for run in runs) < len(widths)  # so fusing is seen to fuse
     moved = max(np.abs(a - b).max() for a, b in zip(trained[1], start.get_weights(), strict=True))
     assert moved > 1e-3
     for fused, one in zip(trained[4], trained[1], strict=True):
