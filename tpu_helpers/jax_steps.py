@@ -41,7 +41,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Steps", "EpochReport", "shape_key"]
+__all__ = ["Steps", "EpochReport", "shape_key", "COMPILER_OPTIONS"]
+
+# XLA options for the steps compiled here, by platform. On a CPU, LLVM's optimization level
+# 1 instead of 2 compiled a tiny DistilBERT's fused train step in about 30% less time with
+# the same steps/s (benchmarks/engines.py, 2026-12-04: first epoch 15.3 s -> 10.8 s, later
+# epochs 1.16 s -> 1.15 s); level 0 compiled faster still but ran 3.4x slower. A TPU's
+# compiler does not read it.
+COMPILER_OPTIONS = {"cpu": {"xla_backend_optimization_level": 1}}
 
 
 def shape_key(batch) -> str:
@@ -107,6 +114,7 @@ class Steps:
             "predict": jax.jit(self._predict_call),
         }
         self._executables: dict = {}  # (kind, the arguments' shapes) -> compiled, or Future
+        self._options = COMPILER_OPTIONS.get(self.mesh.devices.flat[0].platform, {})
         self._copy = jax.jit(lambda s: jax.tree.map(lambda a: a.copy(), s))
 
     @classmethod
@@ -163,10 +171,13 @@ class Steps:
         key = (kind, _avals(args))
         executable = self._executables.get(key)
         if executable is None:
-            executable = self._executables[key] = self._lower(kind, args).compile()
+            executable = self._executables[key] = self._compile(kind, args)
         elif isinstance(executable, Future):
             executable = self._executables[key] = executable.result()
         return executable(*args)
+
+    def _compile(self, kind: str, args):
+        return self._lower(kind, args).compile(self._options)
 
     def _lower(self, kind: str, args):
         import jax
@@ -179,11 +190,15 @@ class Steps:
     def precompile(self, kind: str, state, batch, widths) -> None:
         """Compile ``kind``'s step (``train``, ``evaluate``) for batches like ``batch``
         (arrays, on the host) at each of ``widths`` (the token axis: axis 1 of the features
-        as wide as ``batch``'s), on a pool of the host's cores: each is traced here, then
-        compiled while the next is traced. Steps of those shapes later wait for theirs."""
+        as wide as ``batch``'s), ``batch``'s own width first (give the epoch's first batch,
+        and its steps can start while the other widths compile). Each width is traced here
+        and compiled on a pool of the host's cores while the next is traced; steps of those
+        shapes later wait for theirs."""
         import jax
 
-        pool = ThreadPoolExecutor(max(1, min(len(widths), os.cpu_count() or 1)))
+        own = np.shape(batch[0]["input_ids"])[1] if "input_ids" in batch[0] else None
+        widths = sorted(widths, key=lambda w: w != own)
+        pool = ThreadPoolExecutor(compile_workers(len(widths)))
         for width in widths:
             wide = _at_width(batch, width)
             if kind == "train":
@@ -194,7 +209,8 @@ class Steps:
                 args = ((*state[:2], state[3]), jax.device_put(wide, self.split))
             key = (kind, _avals(args))
             if key not in self._executables:
-                self._executables[key] = pool.submit(self._lower(kind, args).compile)
+                lowered = self._lower(kind, args)
+                self._executables[key] = pool.submit(lowered.compile, self._options)
         pool.shutdown(wait=False)
 
     # --- the state ------------------------------------------------------------------
@@ -316,6 +332,14 @@ class Steps:
             for batch, _, _ in _Feed(self, dataset.take(steps), None)
         ]
         return tuple(np.concatenate(part) for part in zip(*jax.device_get(found), strict=True))
+
+
+def compile_workers(programs: int) -> int:
+    """How many programs to compile at once: one per four of the host's cores. XLA already
+    spreads one compilation over several cores; on 2 cores, two at once made the first
+    epoch of ``benchmarks/engines.py`` slower (10.5 s) than one after the other (7.8 s), whose
+    first width is ready sooner, to train on while the next compiles."""
+    return max(1, min(programs, (os.cpu_count() or 1) // 4))
 
 
 def _avals(args) -> tuple:

@@ -749,7 +749,7 @@ class JaxTrainer:
         self.hooks.on_epoch_begin(epoch)
         self.state = steps.state()  # after the callbacks: a learning rate they set counts
         if epoch == self.first_epoch:  # in the first epoch's time, as a first epoch pays it
-            _precompile(steps, self.state, train, validation)
+            _precompile(steps, self.state, (train, epoch, first), (validation, 0, 0))
 
         def called(state, done):
             self.state = state
@@ -815,12 +815,13 @@ def _steps_for(model, *batches, where: str):
 
 
 def _precompile(steps, state, train, validation) -> None:
-    """Compile the train step (and the evaluation's) for every width of the pipelines
-    before the first step, several at once."""
-    for kind, batches in (("train", train), ("evaluate", validation)):
+    """Compile the train step (and the evaluation's) for every width of the pipelines before
+    the first step; each is ``(batches, epoch, first step)``, whose first batch's width
+    compiles first (the steps start on it while the other widths compile)."""
+    for kind, (batches, epoch, first) in (("train", train), ("evaluate", validation)):
         if batches is not None and batches.widths:
-            example = next(batches.dataset(0).take(1).as_numpy_iterator())
-            steps.precompile(kind, state, example, batches.widths)
+            dataset = batches.dataset(epoch, skip_steps=first).take(1)
+            steps.precompile(kind, state, next(dataset.as_numpy_iterator()), batches.widths)
 
 
 def compilations(model) -> dict:
