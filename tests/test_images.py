@@ -1,4 +1,5 @@
 import io
+import json
 
 import numpy as np
 import pytest
@@ -62,6 +63,69 @@ def test_spec_is_read_from_the_processor(fixtures_dir):
         CLIPImageProcessor(size={"shortest_edge": 64}, crop_size={"height": 56, "width": 56})
     )
     assert (clip.height, clip.width) == (56, 56) and clip.mean[0] == pytest.approx(0.4815, 1e-3)
+
+
+def _saved_processor(folder, settings: dict):
+    folder.mkdir()
+    (folder / "preprocessor_config.json").write_text(json.dumps(settings))
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        # as save_pretrained writes them: every setting, and some not the class's defaults
+        {
+            "image_processor_type": "ViTImageProcessor",
+            "size": {"height": 48, "width": 40},
+            "resample": 3,
+            "image_mean": [0.1, 0.2, 0.3],
+            "do_rescale": True,
+        },
+        {"image_processor_type": "DeiTImageProcessor"},
+        {"image_processor_type": "BeitImageProcessor", "crop_size": {"height": 200, "width": 200}},
+        {"image_processor_type": "ConvNextImageProcessor", "size": {"shortest_edge": 64}},
+        {"image_processor_type": "ConvNextImageProcessor", "size": {"shortest_edge": 384}},
+        {"image_processor_type": "CLIPImageProcessor", "crop_size": 56, "size": 64},
+        {
+            "image_processor_type": "MobileViTImageProcessor",
+            "crop_size": {"height": 200, "width": 200},
+        },
+        {"image_processor_type": "SegformerImageProcessor", "do_normalize": False},
+        {"image_processor_type": "EfficientFormerImageProcessor"},
+        # as older checkpoints on the hub have them: a feature extractor, sizes as numbers,
+        # steps left out (google/vit-base-patch16-224's file has no do_rescale)
+        {
+            "feature_extractor_type": "ViTFeatureExtractor",
+            "size": 224,
+            "resample": 2,
+            "do_normalize": True,
+            "image_mean": [0.5] * 3,
+            "image_std": [0.5] * 3,
+        },
+        {"feature_extractor_type": "DeiTFeatureExtractor", "size": 256, "crop_size": 224},
+        {"feature_extractor_type": "ConvNextFeatureExtractor", "size": 224, "crop_pct": 0.9},
+        {"image_processor_type": "ViTImageProcessorFast", "do_rescale": False},
+    ],
+)
+def test_spec_from_the_files_equals_transformers_own_processor(tmp_path, settings):
+    """What the Keras 3 engine reads without PyTorch (transformers 5 builds no image
+    processor without it) is what transformers' processor does with the same file."""
+    from transformers import AutoImageProcessor
+
+    folder = _saved_processor(tmp_path / "checkpoint", settings)
+    theirs = images.ImageSpec.from_processor(AutoImageProcessor.from_pretrained(folder))
+    assert images.ImageSpec.from_pretrained(folder) == theirs
+
+
+def test_spec_from_the_files_of_the_fixture_and_what_it_refuses(fixtures_dir, tmp_path):
+    spec = images.ImageSpec.from_pretrained(str(fixtures_dir / "tiny-vit"))
+    assert (spec.height, spec.width, spec.mean, spec.resample) == (32, 32, (0.5,) * 3, "bilinear")
+    unknown = _saved_processor(tmp_path / "a", {"image_processor_type": "DonutImageProcessor"})
+    with pytest.raises(ValueError, match="DonutImageProcessor.*not known.*Fix"):
+        images.ImageSpec.from_pretrained(unknown)
+    with pytest.raises(ValueError, match="no preprocessor_config.json.*Fix"):
+        images.ImageSpec.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
 
 
 def test_rebase_paths_keeps_class_folder_and_file():

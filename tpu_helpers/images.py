@@ -17,8 +17,10 @@ reported.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -108,12 +110,22 @@ class ImageSpec:
         return self.resize or (self.height, self.width)
 
     @classmethod
+    def from_pretrained(cls, checkpoint: str, **hub_options) -> ImageSpec:
+        """The spec of ``checkpoint``'s image processor (a folder or a hub id), read from
+        its ``preprocessor_config.json`` with the defaults of the processor class it names
+        (``PROCESSOR_DEFAULTS``): no image processor object, so no PyTorch, which
+        transformers 5's image processors need (Colab's TPU runtime ships transformers
+        5.15; a TPU VM with JAX alone has no PyTorch). It equals ``from_processor`` of
+        transformers' own processor (tests/test_images.py)."""
+        return cls.from_processor(processor_settings(checkpoint, **hub_options))
+
+    @classmethod
     def from_processor(cls, processor) -> ImageSpec:
         """The spec of ``processor`` (any image processor of transformers' TF image
         classifiers: ViT, DeiT, BEiT/Data2Vec, ConvNeXt (also ResNet, RegNet, CvT), Swin,
-        EfficientFormer, MobileViT, Segformer). A step it cannot reproduce raises
-        ``ValueError`` naming the step; nothing is left out silently."""
-        name = type(processor).__name__
+        EfficientFormer, MobileViT, Segformer; or ``processor_settings``). A step it cannot
+        reproduce raises ``ValueError`` naming the step; nothing is left out silently."""
+        name = getattr(processor, "image_processor_type", None) or type(processor).__name__
         code = _resample_code(processor, name)
         height, width, resize, shortest, do_crop = _geometry(processor, name)
         do_rescale = getattr(processor, "do_rescale", True)
@@ -132,6 +144,117 @@ class ImageSpec:
             resample=_RESAMPLE[code],
             flip_channels=bool(getattr(processor, "do_flip_channel_order", False)),
         )
+
+
+_STANDARD, _IMAGENET = [0.5, 0.5, 0.5], [[0.485, 0.456, 0.406], [0.229, 0.224, 0.225]]
+_SQUARE_224 = {"height": 224, "width": 224}
+#: What transformers' image processors do where their saved settings are silent (their
+#: ``__init__`` defaults, transformers 4.57), for the classes ``from_processor`` knows. A
+#: ``size`` saved as one number is a square for those marked ``square``, else the shorter
+#: side (transformers' ``get_size_dict``).
+PROCESSOR_DEFAULTS = {
+    "ViTImageProcessor": dict(size={"height": 224, "width": 224}, resample=2, square=True),
+    "DeiTImageProcessor": dict(
+        size={"height": 256, "width": 256},
+        resample=3,
+        do_center_crop=True,
+        crop_size=_SQUARE_224,
+        square=True,
+    ),
+    "BeitImageProcessor": dict(
+        size={"height": 256, "width": 256},
+        resample=3,
+        do_center_crop=True,
+        crop_size=_SQUARE_224,
+        square=True,
+    ),
+    "ConvNextImageProcessor": dict(size={"shortest_edge": 384}, crop_pct=0.875, resample=2),
+    "CLIPImageProcessor": dict(
+        size={"shortest_edge": 224},
+        resample=3,
+        do_center_crop=True,
+        crop_size=_SQUARE_224,
+        image_mean=[0.48145466, 0.4578275, 0.40821073],
+        image_std=[0.26862954, 0.26130258, 0.27577711],
+    ),
+    "MobileViTImageProcessor": dict(
+        size={"shortest_edge": 224},
+        resample=2,
+        do_center_crop=True,
+        crop_size={"height": 256, "width": 256},
+        do_normalize=False,
+        do_flip_channel_order=True,
+        image_mean=None,
+        image_std=None,
+    ),
+    "SegformerImageProcessor": dict(
+        size={"height": 512, "width": 512},
+        resample=2,
+        image_mean=_IMAGENET[0],
+        image_std=_IMAGENET[1],
+        square=True,
+    ),
+    "EfficientFormerImageProcessor": dict(
+        size=_SQUARE_224,
+        resample=3,
+        do_center_crop=True,
+        crop_size=_SQUARE_224,
+        image_mean=_IMAGENET[0],
+        image_std=_IMAGENET[1],
+        square=True,
+    ),
+}
+#: Every class's defaults where its own entry says nothing.
+_COMMON = dict(
+    do_resize=True,
+    do_rescale=True,
+    rescale_factor=1 / 255,
+    do_normalize=True,
+    image_mean=_STANDARD,
+    image_std=_STANDARD,
+    do_center_crop=False,
+)
+
+
+def processor_settings(checkpoint: str, **hub_options) -> SimpleNamespace:
+    """``checkpoint``'s image processor settings (its ``preprocessor_config.json``, a folder
+    or a hub id) completed with its class's defaults, as attributes named as on
+    transformers' processors; ``image_processor_type`` names the class (an older
+    ``*FeatureExtractor`` as its ``*ImageProcessor``). Refused, with the fix, when the
+    file is missing or names a class whose defaults are not known here."""
+    from tpu_helpers.hub import _resolve
+
+    path = _resolve(checkpoint, "preprocessor_config.json", hub_options)
+    if path is None:
+        raise ValueError(
+            f"{checkpoint} has no preprocessor_config.json, so its image preprocessing is"
+            " unknown. Fix: an image checkpoint saved with its processor (save_pretrained"
+            " of the processor writes it), or ImageSpec(height=..., mean=..., std=...)."
+        )
+    with open(path, encoding="utf-8") as file:
+        saved = json.load(file)
+    name = saved.get("image_processor_type") or saved.get("feature_extractor_type") or ""
+    name = name.replace("FeatureExtractor", "ImageProcessor").removesuffix("Fast")
+    if name not in PROCESSOR_DEFAULTS:
+        raise ValueError(
+            f"{checkpoint}'s preprocessor_config.json names {name or 'no class'}, whose"
+            f" defaults are not known here (known: {', '.join(PROCESSOR_DEFAULTS)})."
+            " Fix: ImageSpec.from_processor(AutoImageProcessor.from_pretrained(...)) where"
+            " transformers can build it, or an ImageSpec written out."
+        )
+    defaults = dict(PROCESSOR_DEFAULTS[name])
+    square = defaults.pop("square", False)
+    settings = {**_COMMON, **defaults}
+    settings.update({k: v for k, v in saved.items() if v is not None})
+    for key, is_square in (("size", square), ("crop_size", True)):
+        value = settings.get(key)
+        if isinstance(value, (int, float)):  # one number, as older processors saved it
+            value = int(value)
+            settings[key] = (
+                {"height": value, "width": value} if is_square else {"shortest_edge": value}
+            )
+    settings["image_processor_type"] = name
+    return SimpleNamespace(**settings)
 
 
 def _resample_code(processor, name: str) -> int:
