@@ -339,9 +339,82 @@ def test_install_says_which_engine_the_runtime_favours_and_refuses_an_unknown_on
         install(facts("kaggle", "tpu", **KAGGLE_TPU), engine="jax")
 
 
+def test_the_keras3_install_says_each_change_and_why_before_running_any(capsys):
+    said = []
+    install(
+        facts("colab", "tpu", **COLAB_TPU),
+        run=lambda argv, check: said.append(capsys.readouterr().out),
+        engine="keras3",
+    )
+    before_first = said[0]  # all that was printed before the first command ran
+    assert "keras (installed: 3.10.0): KerasHub 0.32 asks Keras >= 3.15" in before_first
+    assert "tensorflow-cpu (installed: none): tf.data" in before_first
+    assert "keras-hub==0.32.0" in before_first
+
+
+def _install_changing(monkeypatch, after: dict, plan_facts):
+    readings = iter([{"jax": "0.7.2", "numpy": "2.1.3", "keras": "3.10.0", "pillow": "12"}, after])
+    monkeypatch.setattr(runtime, "installed", lambda: next(readings))
+    return install(plan_facts, run=lambda argv, check: None, engine="keras3")
+
+
+def test_a_keras3_install_that_touches_the_runtimes_own_packages_is_refused(monkeypatch, capsys):
+    colab = facts("colab", "tpu", **COLAB_TPU)
+    good = {
+        "jax": "0.7.2",
+        "numpy": "2.1.3",
+        "keras": "3.15.1",
+        "pillow": "12",
+        "keras-hub": "0.32",
+    }
+    _install_changing(monkeypatch, good, colab)  # keras named by the plan; keras-hub added
+    assert "[install] keras: 3.10.0 -> 3.15.1" in capsys.readouterr().out
+    with pytest.raises(runtime.InstallError, match=r"numpy 2\.1\.3 -> 2\.4\.6 \(the runtime keeps"):
+        _install_changing(monkeypatch, dict(good, numpy="2.4.6"), colab)
+    with pytest.raises(runtime.InstallError, match=r"pillow 12 -> None \(not in the plan\).*Fix"):
+        _install_changing(monkeypatch, {k: v for k, v in good.items() if k != "pillow"}, colab)
+    assert runtime.install_changes({"a": "1", "b": "2"}, {"a": "1", "b": "3", "c": "1"}) == {
+        "b": ("2", "3"),
+        "c": (None, "1"),
+    }
+
+
 def test_the_families_the_engine_choice_names_are_the_ones_the_keras3_engine_has_heads_for():
     # runtime stays importable without Keras (the install cell runs it first), so the list
     # is written twice; this holds the two together
     from tpu_helpers import keras3
 
     assert set(runtime.KERAS3_FAMILIES) == set(keras3.HEADS)
+
+
+def _image(name: str) -> tuple[str, dict]:
+    """The Python version and ``{distribution: version}`` an image file of tools/ pins."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "tools" / name).read_text()
+    python = next(line.split(":")[1].strip() for line in text.splitlines() if "# python:" in line)
+    pins = {}
+    for line in text.splitlines():
+        if "==" in line and not line.startswith("#"):
+            name_, version = line.split("==")
+            pins[name_.split("[")[0].strip().lower()] = version.strip()
+    return python, pins
+
+
+def test_the_colab_leg_starts_from_colabs_tpu_runtime_as_recorded():
+    """tools/colab-tpu-image.txt is Colab's TPU runtime as googlecolab/backend-info recorded
+    it (2026-08-19): moving the leg to a newer stack is a change of that file, seen here."""
+    python, pins = _image("colab-tpu-image.txt")
+    assert python == "3.13"
+    assert (pins["jax"], pins["jaxlib"], pins["keras"]) == ("0.7.2", "0.7.2", "3.13.2")
+    assert (pins["transformers"], pins["numpy"], pins["h5py"]) == ("5.15.0", "2.1.3", "3.16.0")
+    assert not {"tensorflow", "tensorflow-cpu", "tensorflow-tpu", "keras-hub", "torch"} & set(pins)
+
+
+def test_the_keras3_plan_on_colabs_image_keeps_what_the_runtime_keeps():
+    _, pins = _image("colab-tpu-image.txt")
+    plan = runtime.keras3_install_commands(facts("colab", "tpu", **pins))
+    named = {n for command in plan for n in runtime.requirement_names(command)}
+    assert named & set(runtime.KERAS3_KEEPS) == set()
+    assert {"keras", "keras-hub", "tensorflow-cpu"} <= named  # 3.13.2 < 3.15; no TF at all
+    assert "transformers" not in named  # Colab's 5.15 is a transformers 5

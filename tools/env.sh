@@ -2,12 +2,19 @@
 # is missing or stale, then activate it.
 #
 #   STACK=cpu (default)  .venv      Python 3.11 + requirements.txt (TensorFlow 2.21, CPU build)
-#   STACK=tpu            .venv-tpu  Python 3.12, made the way a Colab TPU runtime is: start
-#                                   from what that image ships (transformers 5, datasets 5.2,
-#                                   no TensorFlow), then run tpu_helpers' own install plan for
-#                                   a Colab TPU (tensorflow-tpu, the pinned libtpu, tf-keras
-#                                   --no-deps, the Hugging Face pins). No TPU is needed: the
-#                                   TPU build runs on the CPU.
+#   STACK=tpu            .venv-tpu  Python 3.12, the TF engine with tensorflow-tpu: start from
+#                                   a TPU runtime's Python without TensorFlow (transformers
+#                                   5, datasets 5.2; tools/tf-tpu-start-image.txt), then run
+#                                   tpu_helpers' own install plan for the TF engine on a TPU
+#                                   (tensorflow-tpu, the pinned libtpu, tf-keras --no-deps,
+#                                   the Hugging Face pins). No TPU is needed: the TPU build
+#                                   runs on the CPU.
+#   STACK=colab          .venv-colab  Python 3.13, made the way Colab's TPU runtime ships
+#                                   today (tools/colab-tpu-image.txt: JAX 0.7.2, Keras
+#                                   3.13.2, transformers 5.15, no TensorFlow), then the
+#                                   Keras 3 engine's install plan as the install cell runs it
+#                                   there; the freeze before and after is kept and the plan
+#                                   may not touch JAX, numpy, protobuf or h5py.
 #   STACK=keras3         .venv-keras3  Python 3.12, made the way Kaggle's TPU image is:
 #                                   tensorflow-cpu, JAX (CPU here), Keras 3, transformers 5
 #                                   (tools/kaggle-tpu-image.txt), then tpu_helpers' install
@@ -35,7 +42,14 @@ case "$STACK" in
     VENV=.venv-tpu
     PYTHON="${PYTHON_TPU:-python3.12}"
     export PYENV_VERSION="${PYENV_VERSION:-3.12.1}"  # pyenv machines: the 3.12 interpreter
-    inputs="requirements.txt pyproject.toml tools/colab-tpu-image.txt tpu_helpers/runtime.py"
+    inputs="requirements.txt pyproject.toml tools/tf-tpu-start-image.txt tpu_helpers/runtime.py"
+    ;;
+  colab)
+    VENV=.venv-colab
+    image=tools/colab-tpu-image.txt
+    PYTHON="${PYTHON_COLAB:-python$(sed -n 's/^# python: //p' "$image")}"
+    export PYENV_VERSION="${PYENV_VERSION_COLAB:-3.13.0}"
+    inputs="requirements.txt pyproject.toml $image tpu_helpers/runtime.py"
     ;;
   keras3)
     VENV=.venv-keras3
@@ -44,10 +58,17 @@ case "$STACK" in
     inputs="requirements.txt pyproject.toml tools/kaggle-tpu-image.txt tpu_helpers/runtime.py"
     ;;
   *)
-    echo "STACK must be cpu, tpu or keras3, not '$STACK'" >&2
+    echo "STACK must be cpu, tpu, keras3 or colab, not '$STACK'" >&2
     exit 2
     ;;
 esac
+
+# The tooling pins without those of the packages an image file names (the image's win).
+tooling_beside() {
+  local names
+  names="$(grep -v '^#' "$1" | sed -E 's/[][<>=~!;[:space:]].*//' | tr 'A-Z_' 'a-z-' | paste -sd'|')"
+  tooling_requirements | grep -v -i -E "^($names)=="
+}
 
 # pip, without the lines this machine's pip configuration adds for index folders it lacks
 pip_in() {
@@ -73,8 +94,36 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
     KAGGLE_KERNEL_RUN_TYPE=rehearsal TPU_ACCELERATOR_TYPE=v5litepod-8 \
       "$VENV/bin/python" -m tpu_helpers install --engine keras3 2> >(grep -v "is ignored: it is neither" >&2)
     "$VENV/bin/python" -c "import keras_hub, keras; print('[env] Keras 3 stack: keras', keras.__version__, 'keras-hub', keras_hub.__version__)"
+  elif [ "$STACK" = colab ]; then
+    pip_in "$VENV" install -q -r "$image" -r <(tooling_beside "$image")
+    pip_in "$VENV" install -q --no-deps -e .
+    pip_in "$VENV" freeze --all > "$VENV/freeze-image.txt"
+    # The install cell as it runs on Colab with a TPU (detect_runtime reads these two
+    # variables so); it raises if it changed what the runtime keeps (runtime.KERAS3_KEEPS).
+    COLAB_RELEASE_TAG=rehearsal TPU_ACCELERATOR_TYPE=v5litepod-1 TPU_SKIP_MDS_QUERY=1 \
+      "$VENV/bin/python" -c 'import tpu_helpers; tpu_helpers.install(engine="keras3")' \
+      2> >(grep -v "is ignored: it is neither" >&2)
+    pip_in "$VENV" freeze --all > "$VENV/freeze-installed.txt"
+    echo "[env] the install cell changed (diff of pip freeze, image -> installed):"
+    diff "$VENV/freeze-image.txt" "$VENV/freeze-installed.txt" | grep '^[<>]' || true
+    KERAS_BACKEND=jax "$VENV/bin/python" - "$image" <<'PY'
+import sys
+import jax, keras, keras_hub
+from tpu_helpers.runtime import installed
+image = {}
+for line in open(sys.argv[1]):
+    if "==" in line and not line.startswith("#"):
+        name, version = line.split("==")
+        image[name.split("[")[0].strip().lower()] = version.strip()
+have = installed()
+for kept in ("jax", "jaxlib", "numpy", "protobuf", "h5py"):
+    assert have[kept] == image[kept], f"{kept} {image[kept]} became {have[kept]}"
+print(f"[env] Colab stack: Python {sys.version.split()[0]}, jax {jax.__version__},"
+      f" keras {keras.__version__}, keras-hub {keras_hub.__version__},"
+      f" transformers {have['transformers']}, tensorflow-cpu {have.get('tensorflow-cpu')}")
+PY
   else
-    pip_in "$VENV" install -q -r tools/colab-tpu-image.txt -r <(tooling_requirements)
+    pip_in "$VENV" install -q -r tools/tf-tpu-start-image.txt -r <(tooling_requirements)
     pip_in "$VENV" install -q --no-deps -e .
     # What the notebooks' install cell runs on a Colab TPU runtime, through the same
     # function: detect_runtime() reads these two variables as "Colab, with a TPU".
@@ -99,7 +148,7 @@ fi
 source "$VENV/bin/activate"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-if [ "$STACK" = keras3 ]; then
+if [ "$STACK" = keras3 ] || [ "$STACK" = colab ]; then
   export KERAS_BACKEND=jax
   export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=8"
 fi

@@ -2,28 +2,26 @@
 # All tests, on every stack: the unit tests, then every notebook run cell by cell by nbval
 # with its CPU parameters (prepared by papermill into build/nbval-<stack>).
 #
-#   bash tools/test.sh                 # the three stacks, side by side
-#   bash tools/test.sh --stack cpu     # one stack: cpu (.venv), tpu (.venv-tpu), keras3
+#   bash tools/test.sh                 # the four stacks, side by side
+#   bash tools/test.sh --stack cpu     # one stack: cpu (.venv), tpu (.venv-tpu), keras3, colab
 #   bash tools/test.sh --stack tpu -k records    # further arguments go to pytest
 #
-# The TPU stack is Python 3.12 with tensorflow-tpu and libtpu, installed by the notebooks'
-# own install plan for a Colab TPU runtime (see tools/env.sh); it runs on the CPU. The
-# Keras 3 stack is Python 3.12 shaped like Kaggle's TPU image (JAX, Keras 3,
-# transformers 5, tensorflow-cpu), completed by notebook 08's install plan; JAX sees 8
-# CPU devices. Its leg runs the Keras 3 engine's tests and notebook 08 (see keras3_leg).
+# The legs (environments in tools/env.sh):
+#   cpu     the TF engine on the pinned CPU stack: every unit test, every notebook.
+#   tpu     the TF engine with tensorflow-tpu and libtpu, put there by the TF notebooks'
+#           install plan (a TPU VM can run it; Colab's TPU runtime no longer ships
+#           TensorFlow): what proves that plan and that stack (the plan's dry runs, the
+#           doctor, connecting, the simulated pod slice) and notebooks 00 and 01 at eight
+#           replicas in bfloat16; the other notebooks and unit tests run on the CPU leg.
+#   keras3  the Keras 3 engine on a stack shaped like Kaggle's TPU image (Python 3.12, JAX
+#           0.10): its tests at eight devices (a v5e-8), notebook 08 at one.
+#   colab   the Keras 3 engine on a stack shaped like Colab's TPU runtime as it ships
+#           (Python 3.13, JAX 0.7.2, Keras 3.13.2 before the install cell, transformers
+#           5.15, no TensorFlow, no PyTorch): its tests, notebook 08 at eight devices.
 #
-# Both legs run at once: most of a leg's time is single-threaded (Python, tracing, XLA
-# compilation, new interpreters), so on a 2-core machine one leg used about one core.
-# Splitting each leg into more pytest processes was slower on 2 cores: with six (each
-# stack's notebooks, resume tests and other tests), three parts were still running after
-# 31 minutes, where the two legs took 30.7; more processes than cores make TensorFlow's
-# thread pools and the new interpreters compete for the same cores. The
-# environments and the offline fixtures are made first (see below); each leg then writes
-# to build/test-<stack>.log and its own pytest temporary folder, and the logs are printed
-# when both have ended.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-stacks=(cpu tpu keras3)
+stacks=(cpu tpu keras3 colab)
 if [ "${1:-}" = "--stack" ]; then
   stacks=("$2")
   shift 2
@@ -32,26 +30,24 @@ fi
 leg() {
   local stack="$1"
   shift
-  if [ "$stack" = keras3 ]; then  # its environment too is made at the lower priority
+  if is_keras3 "$stack"; then  # its environment too is made at the lower priority
     renice -n 19 -p "$BASHPID" > /dev/null
   fi
   export STACK="$stack"
   source tools/env.sh
   rm -rf "build/nbval-$stack" "build/pytest-$stack"
-  if [ "$stack" = keras3 ]; then
-    keras3_leg "$@"
+  if is_keras3 "$stack"; then
+    keras3_leg "$stack" "$@"
+    return
+  fi
+  if [ "$stack" = tpu ] && [ "${#stacks[@]}" -gt 1 ]; then
+    tf_tpu_leg "$@"
     return
   fi
   local extra=()
-  # The install-plan dry runs ask the package index about other runtimes, and the
-  # exercise notebooks run to their first stub (cells that nbval runs on both stacks in
-  # the solution notebooks); neither depends on the stack installed here, so one leg
-  # runs each: the TPU leg the dry runs, the CPU leg the exercises (110 s), which keeps
-  # the two legs about as long. A pod slice runs the TPU stack, so its simulated two-host
-  # slice (90 s) runs on the TPU leg. One stack alone runs everything.
-  if both_tf_stacks && [ "$stack" = tpu ]; then
-    extra=(-m "not exercise_run")
-  elif both_tf_stacks; then
+  # The install-plan dry runs (package_index) and the simulated two-host slice run on the
+  # TPU leg (tf_tpu_leg); one stack alone runs everything.
+  if both_tf_stacks; then
     extra=(-m "not package_index and not pod_slice")
   fi
   # The runs users make: one replica (Colab's free TPU, one v5e chip; a CPU runtime) and
@@ -75,7 +71,7 @@ leg() {
   # in the tests and the main job, and at one here.
   local eight=(07) one=(00 01 02 03 04 05 06 09)
   local precision=(--set mixed_bfloat16=false)
-  if [ "$stack" = tpu ]; then
+  if [ "$stack" = tpu ]; then  # the TPU stack alone
     eight=(00 01_text_classification_fit.pairs) one=(01 02 03 04 05 06 07 09) precision=()
   fi
   local replicas
@@ -95,30 +91,54 @@ leg() {
     "${extra[@]}" "$@"
 }
 
+is_keras3() {  # a stack of the Keras 3 engine
+  [ "$1" = keras3 ] || [ "$1" = colab ]
+}
+
 both_tf_stacks() {
   [[ " ${stacks[*]} " == *" cpu "* && " ${stacks[*]} " == *" tpu "* ]]
 }
 
-# The Keras 3 leg: the engine's tests (against the TF engine's numbers in the fixtures,
-# at eight devices, Kaggle's v5e-8, kill and resume included), the engine choice and
-# install plans, the exercise edition of notebook 08 to its first stub, and notebook 08
-# cell by cell at one device (Colab's v5e-1, whose TPU runtime ships JAX and no
-# TensorFlow), in bfloat16 (its default). Notebook 08 at eight passed here on 2026-12-03
-# (183 s of its cells in CI beside the other legs); it runs there in a run of every
-# notebook at eight. It runs beside the two TensorFlow legs at the lowest
-# priority, its environment made there too (three environments made at once took 196 s
-# before any leg started, two 128 s): the TensorFlow legs leave a core idle for minutes
-# at a time (single-threaded tracing and compiling), which this leg takes. Alone it took
-# 401 s and 10 minutes of CPU; beside them, 952 s, and the three legs 1656 s. JAX's persistent compilation cache lives for the leg
-# (the text part's compilations serve the records part: 162 s to 100 s for notebook 08).
+# The TPU leg beside the CPU leg: what proves the TF engine's install plan for a TPU and
+# the stack it makes (tensorflow-tpu 2.20, libtpu, tf-keras): the plans and their dry runs
+# against the package index, the doctor, connecting and reconnecting, the simulated
+# two-host pod slice (a slice runs this stack), and notebooks 00 and 01 (its sentence-pair
+# variant) at eight replicas in bfloat16. Every other unit test and notebook runs on the
+# CPU leg (TensorFlow 2.21), which runs the same TF engine; this leg ran everything until
+# 2026-12-04 (866 s of tests, the longest leg), time now given to the Colab leg.
+tf_tpu_leg() {
+  python tools/run_notebooks.py --prepare-only --engine tf --out build/nbval-tpu \
+    --only 00 --only 01_text_classification_fit.pairs --replicas 8
+  python -m pytest tests/test_runtime.py tests/test_install_plans.py tests/test_cli.py \
+    tests/test_doctor.py tests/test_strategy.py tests/test_pod.py build/nbval-tpu \
+    --nbval-lax --nbval-current-env --nbval-cell-timeout=900 -p no:cacheprovider \
+    --basetemp build/pytest-tpu --durations=15 "$@"
+}
+
+# The Keras 3 legs (keras3: Kaggle's image; colab: Colab's): the engine's tests (against
+# the TF engine's numbers in the fixtures, at eight devices, kill and resume included), the
+# engine choice and install plans, the image preprocessing read without PyTorch, and
+# notebook 08 cell by cell in bfloat16 (its default): at eight devices on Kaggle's (a
+# v5e-8), at one on Colab's (the free v5e-1); the keras3 leg also runs the exercise edition
+# of notebook 08 to its first stub. They run beside the TensorFlow legs at the lowest
+# priority, their environments made there too: the TensorFlow legs leave a core idle for
+# minutes at a time (single-threaded tracing and compiling), which these take. JAX's
+# persistent compilation cache lives for the leg (the text part's compilations serve the
+# records part: 162 s to 100 s for notebook 08).
 keras3_leg() {
-  export JAX_COMPILATION_CACHE_DIR="$PWD/build/jax-cache"
+  local stack="$1" replicas=1 more=()
+  shift
+  if [ "$stack" = keras3 ]; then
+    replicas=8 more=(tests/test_exercises.py)
+  fi
+  export JAX_COMPILATION_CACHE_DIR="$PWD/build/jax-cache-$stack"
   rm -rf "$JAX_COMPILATION_CACHE_DIR"
-  python tools/run_notebooks.py --prepare-only --engine keras3 --out build/nbval-keras3 \
-    --replicas 1
-  python -m pytest tests/test_keras3.py tests/test_runtime.py tests/test_exercises.py \
-    build/nbval-keras3 --nbval-lax --nbval-current-env --nbval-cell-timeout=900 \
-    -p no:cacheprovider --basetemp build/pytest-keras3 --durations=15 "$@"
+  python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
+    --replicas "$replicas"
+  python -m pytest tests/test_keras3.py tests/test_runtime.py "${more[@]}" \
+    tests/test_images.py::test_spec_from_the_files_of_the_fixture_and_what_it_refuses \
+    "build/nbval-$stack" --nbval-lax --nbval-current-env --nbval-cell-timeout=900 \
+    -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@"
 }
 
 # side_by_side STEP NAME [ARGS]: STEP "$stack" [ARGS] for every stack of run_stacks at
@@ -145,12 +165,12 @@ side_by_side() {
 # The fixtures hold the TF engine's reference numbers, so a Keras 3 leg alone builds them
 # in the CPU stack.
 prepare() {
-  if [ "$1" = keras3 ] && [ "${#stacks[@]}" -eq 1 ]; then  # in a shell of its own
+  if is_keras3 "$1" && [ "${#stacks[@]}" -eq 1 ]; then  # in a shell of its own
     env -u PYENV_VERSION -u PYTHON STACK=cpu bash -c \
       'source tools/env.sh && python -m tpu_helpers fixtures build/fixtures'
   fi
   STACK="$1" && source tools/env.sh
-  if [ "$1" = "${stacks[0]}" ] && [ "$1" != keras3 ]; then
+  if [ "$1" = "${stacks[0]}" ] && ! is_keras3 "$1"; then
     python -m tpu_helpers fixtures build/fixtures
   fi
 }
@@ -169,7 +189,7 @@ timed_leg() {
 mkdir -p build
 run_stacks=("${stacks[@]}")
 if [ "${#stacks[@]}" -gt 1 ]; then
-  run_stacks=(cpu tpu)  # the Keras 3 environment is made in its own leg, at its priority
+  run_stacks=(cpu tpu)  # the Keras 3 environments are made in their own legs, at their priority
 fi
 side_by_side prepare env || { echo "an environment or the fixtures could not be made" >&2; exit 1; }
 run_stacks=("${stacks[@]}")

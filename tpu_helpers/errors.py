@@ -26,6 +26,7 @@ __all__ = [
     "CheckpointFormatError",
     "CheckpointMismatchError",
     "EngineError",
+    "InstallError",
 ]
 
 
@@ -44,3 +45,7 @@ class CheckpointMismatchError(TpuHelpersError, RuntimeError):
 
 class EngineError(TpuHelpersError, RuntimeError):
     """An engine cannot run here as asked (backend, devices, family)."""
+
+
+class InstallError(TpuHelpersError, RuntimeError):
+    """An install plan changed what it was to leave as the runtime has it."""

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from tpu_helpers._env import distribution_version
+from tpu_helpers.errors import InstallError
 from tpu_helpers.families import KERAS3
 
 __all__ = [
@@ -46,6 +47,11 @@ __all__ = [
     "EngineChoice",
     "choose_engine",
     "keras3_install_commands",
+    "KERAS3_KEEPS",
+    "KERAS3_WHY",
+    "installed",
+    "install_changes",
+    "unplanned_changes",
 ]
 
 #: Distributions whose versions decide whether the stack works together.
@@ -109,6 +115,19 @@ KERAS3_NEEDS = {
     "transformers": "transformers>=5,<6",
     "tensorflow": "tensorflow-cpu==2.20.0",
 }
+#: Why the Keras 3 engine's plan installs each thing, as the install cell says before it
+#: runs anything.
+KERAS3_WHY = {
+    "keras": "KerasHub 0.32 asks Keras >= 3.15",
+    "keras-hub": "loads the hub's checkpoints into Keras 3 (--no-deps: its tensorflow-text"
+    " would bring the full TensorFlow)",
+    "tensorflow-cpu": "tf.data and TensorBoard summaries; the CPU build leaves the TPU to JAX",
+    "transformers": "the checkpoint's tokenizer (transformers 5)",
+    "jax": "the runtime has no JAX",
+}
+#: What the Keras 3 engine's plan leaves as the runtime has it: JAX and libtpu were built
+#: for each other and for the runtime's TPU, numpy, protobuf and h5py with them.
+KERAS3_KEEPS = ("jax", "jaxlib", "libtpu", "numpy", "protobuf", "h5py")
 #: The ``model_type`` of every checkpoint family the Keras 3 engine trains (the families
 #: table's ``keras3`` column): those KerasHub 0.32 converts from the hub's layout and
 #: whose classification head the table describes. Any other family stays on the TF engine.
@@ -466,6 +485,65 @@ def requirement_names(command: str) -> list[str]:
     return names
 
 
+def installed() -> dict[str, str]:
+    """Every installed distribution's version, by normalized name."""
+    from importlib import metadata
+
+    names = ((d.metadata["Name"], d.version) for d in metadata.distributions())
+    return {_normalized(name): version for name, version in names if name}
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def install_changes(before: dict, after: dict) -> dict[str, tuple[str | None, str | None]]:
+    """``{name: (version before, version after)}`` for each distribution added, removed or
+    changed between two ``installed()`` readings.
+
+    >>> install_changes({"keras": "3.13.2", "jax": "0.7.2"}, {"keras": "3.15.1",
+    ...     "jax": "0.7.2", "keras-hub": "0.32.0"})
+    {'keras': ('3.13.2', '3.15.1'), 'keras-hub': (None, '0.32.0')}
+    """
+    names = sorted(set(before) | set(after))
+    return {n: (before.get(n), after.get(n)) for n in names if before.get(n) != after.get(n)}
+
+
+def unplanned_changes(changes: dict, plan: list[str]) -> list[str]:
+    """What a Keras 3 plan should not have done: change or remove one of ``KERAS3_KEEPS``,
+    or change or remove a distribution the plan does not name (additions are the named
+    packages' requirements).
+
+    >>> unplanned_changes({"keras": ("3.13.2", "3.15.1"), "numpy": ("2.1.3", "2.4.6"),
+    ...     "rich": (None, "14.0")}, ["pip install -q 'keras>=3.15,<4'"])
+    ['numpy 2.1.3 -> 2.4.6 (the runtime keeps its own)']
+    """
+    named = {_normalized(n) for command in plan for n in requirement_names(command)}
+    problems = []
+    for name, (old, new) in changes.items():
+        if old is None:
+            continue
+        if name in KERAS3_KEEPS:
+            problems.append(f"{name} {old} -> {new} (the runtime keeps its own)")
+        elif name not in named:
+            problems.append(f"{name} {old} -> {new} (not in the plan)")
+    return problems
+
+
+def _say_plan(plan: list[str], facts: RuntimeFacts, engine: str) -> None:
+    """The plan, before any of it runs: each command, and for the Keras 3 engine what each
+    package replaces and why."""
+    print(f"[install] {facts.platform}/{facts.accelerator}, {engine} engine: will run")
+    for command in plan:
+        print("   ", command)
+        if engine != "keras3":
+            continue
+        for name in requirement_names(command):
+            have = facts.distributions.get(name) or "none"
+            why = KERAS3_WHY.get(name, "KerasHub or the engine imports it")
+            print(f"      {name} (installed: {have}): {why}")
+
+
 def install(
     facts: RuntimeFacts | None = None,
     run: Callable[..., object] = subprocess.run,
@@ -496,19 +574,29 @@ def install(
     if not plan:
         print(f"[install] {facts.platform}/{facts.accelerator}: nothing to install.")
         return plan
+    _say_plan(plan, facts, engine)
     if not facts.hosted:
-        print(f"[install] {facts.platform}: not Colab or Kaggle, so nothing is run. Plan:")
-        for command in plan:
-            print("   ", command)
+        print(f"[install] {facts.platform}: not Colab or Kaggle, so nothing is run.")
         return plan
     loaded = {name: module for name, module in _MODULES.items() if module in sys.modules}
     changed: list[str] = []
+    before = installed()
     for command in plan:
         print("[install] $", command)
         run(pip_argv(command), check=True)
         changed += requirement_names(command)
     importlib.invalidate_caches()
     prepare_environment()
+    changes = install_changes(before, installed())
+    for name, (old, new) in changes.items():
+        print(f"[install] {name}: {old or 'none'} -> {new or 'removed'}")
+    problems = unplanned_changes(changes, plan) if engine == "keras3" else []
+    if problems:
+        raise InstallError(
+            f"the install changed {'; '.join(problems)}. Fix: Runtime -> Disconnect and"
+            " delete runtime, then run the notebook from the top with engine='keras3'"
+            " (the plan names what it may change)."
+        )
     stale = sorted({loaded[name] for name in changed if name in loaded})
     if stale:
         print(
