@@ -118,16 +118,6 @@ def test_spec_from_the_files_equals_transformers_own_processor(tmp_path, setting
     assert images.ImageSpec.from_pretrained(folder) == theirs
 
 
-def test_spec_from_the_files_of_the_fixture_and_what_it_refuses(fixtures_dir, tmp_path):
-    spec = images.ImageSpec.from_pretrained(str(fixtures_dir / "tiny-vit"))
-    assert (spec.height, spec.width, spec.mean, spec.resample) == (32, 32, (0.5,) * 3, "bilinear")
-    unknown = _saved_processor(tmp_path / "a", {"image_processor_type": "DonutImageProcessor"})
-    with pytest.raises(ValueError, match="DonutImageProcessor.*not known.*Fix"):
-        images.ImageSpec.from_pretrained(unknown)
-    with pytest.raises(ValueError, match="no preprocessor_config.json.*Fix"):
-        images.ImageSpec.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
-
-
 def test_rebase_paths_keeps_class_folder_and_file():
     paths = ["/data/beans/train/bean_rust/a.jpg", "C:\\beans\\healthy\\b.jpg"]
     assert images.rebase_paths(paths, "gs://bucket/beans/") == [

@@ -556,3 +556,26 @@ def test_a_killed_run_resumes_to_the_weights_of_one_that_never_stopped(fixtures_
     assert len(want.files) == len(got.files) > 10
     for key in want.files:
         np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_image_preprocessing_is_read_without_pytorch(fixtures_dir, tmp_path):
+    """On the Keras 3 stacks (no PyTorch, as on a TPU VM with JAX alone; transformers 5
+    builds no image processor there) the image lessons still get the checkpoint's
+    preprocessing; tests/test_images.py holds it equal to transformers' own."""
+    import importlib.util
+    import json
+
+    from tpu_helpers import images
+
+    assert importlib.util.find_spec("torch") is None
+    spec = images.ImageSpec.from_pretrained(str(fixtures_dir / "tiny-vit"))
+    assert (spec.height, spec.width, spec.mean, spec.resample) == (32, 32, (0.5,) * 3, "bilinear")
+    unknown = tmp_path / "a"
+    unknown.mkdir()
+    (unknown / "preprocessor_config.json").write_text(
+        json.dumps({"image_processor_type": "DonutImageProcessor"})
+    )
+    with pytest.raises(ValueError, match="DonutImageProcessor.*not known.*Fix"):
+        images.ImageSpec.from_pretrained(str(unknown))
+    with pytest.raises(ValueError, match="no preprocessor_config.json.*Fix"):
+        images.ImageSpec.from_pretrained(str(fixtures_dir / "tiny-distilbert"))

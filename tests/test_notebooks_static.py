@@ -2,6 +2,8 @@
 
 import ast
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -120,6 +122,25 @@ def test_install_cell_is_the_shared_one(path):
     engine = run_notebooks.engine_of(path)
     assert ("tpu_helpers.install()" if engine == "tf" else f'install(engine="{engine}")') in install
     assert '"google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ' in install
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_install_cell_runs_before_anything_it_may_change_is_imported(path):
+    """A package the install cell replaces after it was imported needs a runtime restart:
+    the cell comes first and imports nothing but ``tpu_helpers`` and the standard library
+    (which loads none of what the plans change: the next test)."""
+    install = source([c for c in load(path)["cells"] if c["cell_type"] == "code"][0])
+    imported = set(re.findall(r"^\s*(?:import|from)\s+([\w.]+)", install, re.M))
+    assert imported <= {"os", "subprocess", "sys", "tpu_helpers"}, imported
+
+
+def test_importing_tpu_helpers_loads_nothing_an_install_plan_changes():
+    code = (
+        "import sys, tpu_helpers, tpu_helpers.runtime; print(sorted(m for m in ('keras', 'jax',"
+        " 'tensorflow', 'tf_keras', 'transformers', 'keras_hub', 'datasets') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -136,7 +136,6 @@ keras3_leg() {
   python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
     --replicas "$replicas"
   python -m pytest tests/test_keras3.py tests/test_runtime.py "${more[@]}" \
-    tests/test_images.py::test_spec_from_the_files_of_the_fixture_and_what_it_refuses \
     "build/nbval-$stack" --nbval-lax --nbval-current-env --nbval-cell-timeout=900 \
     -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@"
 }
