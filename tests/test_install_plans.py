@@ -26,7 +26,7 @@ COLAB_IMAGE = {"transformers": "5.2.0", "datasets": "5.2.0", "huggingface-hub": 
 
 # (runtime, its Python, its facts): the runtimes the notebooks name, as they ship today.
 RUNTIMES = [
-    ("colab-tpu", "3.12", RuntimeFacts("colab", "tpu", "v5litepod-1", COLAB_IMAGE)),
+    ("colab-tpu", "3.13", RuntimeFacts("colab", "tpu", "v5litepod-1", COLAB_IMAGE)),
     (
         "kaggle-tpu",
         "3.11",
