@@ -164,6 +164,8 @@ KAGGLE_TPU = {
 def test_a_jax_tpu_runtime_gets_the_keras3_engine_checks_and_says_why(capsys):
     checks = by_name(d.doctor(facts("tpu", KAGGLE_TPU, jax_platforms=("tpu",))))
     assert "keras3 engine" in checks["engine"].detail and "JAX 0.7.2" in checks["engine"].detail
+    assert checks["engine"].detail.startswith("local tpu, Python 3.")  # the runtime, named
+    assert "jax 0.7.2 with libtpu 0.0.21" in checks["keras 3 engine"].detail
     assert set(checks) == {"engine", "keras 3 engine", "jax devices"}
     assert all(c.ok for c in checks.values()), capsys.readouterr().out
     assert "tf-keras" not in checks  # the TF engine's checks are not this runtime's

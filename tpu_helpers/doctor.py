@@ -8,6 +8,7 @@ so tests can feed it the facts of a good and a broken environment. ``gather_fact
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -232,8 +233,11 @@ def datasets_sees_tf_check(f: DoctorFacts) -> Check:
 
 
 def engine_check(f: DoctorFacts) -> Check:
-    """Which engine this runtime favours, and why (``runtime.choose_engine``)."""
-    return Check("engine", PASS, str(choose_engine(f.runtime)))
+    """Which runtime this is, which engine it favours, and why (``runtime.choose_engine``)."""
+    r = f.runtime
+    where = f"{r.platform} {r.accelerator}" + (f" {r.tpu_type}" if r.tpu_type else "")
+    python = ".".join(map(str, sys.version_info[:3]))
+    return Check("engine", PASS, f"{where}, Python {python}: {choose_engine(r)}")
 
 
 def keras3_check(f: DoctorFacts) -> Check:
@@ -257,7 +261,8 @@ def keras3_check(f: DoctorFacts) -> Check:
     return Check(
         "keras 3 engine",
         PASS,
-        f"keras {d['keras']}, keras-hub {hub}, jax {d['jax']}, transformers {d['transformers']}",
+        f"keras {d['keras']}, keras-hub {hub}, jax {d['jax']} with libtpu"
+        f" {d.get('libtpu') or 'none (a CPU JAX)'}, transformers {d['transformers']}",
     )
 
 
