@@ -64,3 +64,42 @@ def pytest_collection_finish(session):
         if "resolved" in getattr(item, "fixturenames", ()):
             item.module.start_dry_runs()
             return
+
+
+@pytest.fixture
+def cola_with_row_5(fixtures_dir):
+    """``(checkpoint, batches, cases)``: the tiny DistilBERT, ``batches(label=, token=)``
+    making CoLA-like text batches with row 5's label or second token id replaced, and the
+    two out-of-range cases with the message each engine must give (the same on both)."""
+    import json
+
+    from datasets import Value
+
+    from tpu_helpers import hub, text
+
+    checkpoint = fixtures_dir / "tiny-distilbert"
+    data = text.load_text_dataset(str(fixtures_dir / "cola"))
+    tokenizer = hub.load_tokenizer(str(checkpoint))
+    tokenized = text.tokenize(data["train"].select(range(64)), tokenizer, 64)
+    tokenized = tokenized.cast_column("label", Value("int64"))
+
+    def batches(label=None, token=None):
+        def change(row, i):
+            if i != 5:
+                return {}
+            if label is not None:
+                return {"label": label}
+            return {"input_ids": [row["input_ids"][0], token, *row["input_ids"][2:]]}
+
+        rows = tokenized.map(change, with_indices=True)
+        return text.text_batches(rows, global_batch=16, boundaries=[32, 64], seed=0)
+
+    vocabulary = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
+    cases = [
+        ({"label": 2}, r"class label 2, but the model has 2 outputs.*Fix: .*num_labels=3"),
+        (
+            {"token": vocabulary + 7},
+            rf"token id {vocabulary + 7}, but the distilbert model embeds {vocabulary}.*Fix",
+        ),
+    ]
+    return checkpoint, batches, cases

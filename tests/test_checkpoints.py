@@ -253,3 +253,25 @@ def test_the_resume_pieces_of_a_plain_fit_loop(tmp_path):
     assert list(second.history()) == ["loss"] and len(second.history()["loss"]) == 1
     with pytest.raises(ValueError, match="every_minutes=-1"):
         second.callback(every_minutes=-1)
+
+
+def test_labels_and_token_ids_the_model_has_no_row_for_are_refused_before_any_step(
+    cola_with_row_5, tmp_path
+):
+    """The TF engine refuses what the Keras 3 engine refuses, with the same messages
+    (tests/test_keras3.py), before any step and any save."""
+    import tensorflow as tf
+    from transformers import TFAutoModelForSequenceClassification
+
+    from tpu_helpers import hub
+    from tpu_helpers.checkpoints import fit_resumable
+
+    checkpoint, batches, cases = cola_with_row_5
+    model = hub.from_pretrained(TFAutoModelForSequenceClassification, str(checkpoint), num_labels=2)
+    model.compile(
+        tf.keras.optimizers.Adam(1e-3), tf.keras.losses.SparseCategoricalCrossentropy(True)
+    )
+    for i, (bad, match) in enumerate(cases):
+        with pytest.raises(ValueError, match=match):
+            fit_resumable(model, batches(**bad), 1, str(tmp_path / str(i)))
+        assert not (tmp_path / str(i)).exists()

@@ -579,3 +579,19 @@ def test_image_preprocessing_is_read_without_pytorch(fixtures_dir, tmp_path):
         images.ImageSpec.from_pretrained(str(unknown))
     with pytest.raises(ValueError, match="no preprocessor_config.json.*Fix"):
         images.ImageSpec.from_pretrained(str(fixtures_dir / "tiny-distilbert"))
+
+
+def test_labels_and_token_ids_the_model_has_no_row_for_are_refused_before_any_step(
+    cola_with_row_5, tmp_path
+):
+    """On JAX both train silently (a label out of range counts nothing; an id out of range
+    gathers garbage, a nan loss): the core refuses them, naming the value and the fix, and
+    writes nothing. tests/test_checkpoints.py holds the TF engine to the same messages."""
+    checkpoint, batches, cases = cola_with_row_5
+    model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
+    keras3.compile_classifier(model, 1e-3)
+    for i, (bad, match) in enumerate(cases):
+        with pytest.raises(ValueError, match=match):
+            keras3.fit_resumable(model, batches(**bad), 1, str(tmp_path / str(i)))
+        assert not (tmp_path / str(i)).exists()  # refused before the first save
+    assert keras3.fit_resumable(model, batches(label=1), 1, str(tmp_path / "ok"), verbose=0)

@@ -16,7 +16,7 @@ What differs is an engine's ``Trainer`` (the seam):
 ==========================  ============================================================
 
 A trainer has ``steps_per_epoch(batches)``, ``check(train, validation)``, ``model_config()``
-(for the positions), ``open(directory, run, epochs) -> (epoch, step)`` (restore, or save
+(the positions, classes and vocabulary the batches are checked against), ``open(directory, run, epochs) -> (epoch, step)`` (restore, or save
 the start), ``train_epoch(train,
 validation, epoch, first_step, after_call, callbacks) -> logs``, ``save(epoch, step)``,
 ``finish()`` and ``predict(batches) -> (labels, predictions, weights)``.
@@ -181,9 +181,9 @@ def fit_resumable(
     trainer = trainer_for(model, log=log, verbose=verbose, fit_kwargs=fit_kwargs)
     steps = trainer.steps_per_epoch(train)
     trainer.check(train, validation)
-    for batches in (train, validation):  # rows wider than the model's positions
+    for batches in (train, validation):  # positions, labels and ids the model has
         if batches is not None:
-            batches.check_positions(trainer.model_config())
+            batches.check_model(trainer.model_config())
     run = {"steps_per_epoch": steps, "global_batch": train.global_batch, **(run or {})}
     if train.order:  # what decides which batches a resumed epoch skips
         run["order"] = train.order

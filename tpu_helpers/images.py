@@ -808,6 +808,7 @@ def image_batches(
         -(-len(paths) // global_batch),
         global_batch,
         examples=len(paths),
+        max_label=int(np.max(labels)) if len(labels) else None,
         name=f"{'training' if training else 'evaluation'} images",
     )
 

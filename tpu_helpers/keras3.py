@@ -716,8 +716,12 @@ class JaxTrainer:
         return batches.steps_per_epoch
 
     def model_config(self):
+        """The checkpoint's config, with ``num_labels`` the head's outputs."""
         source = getattr(self.model, "hub_source", None)
-        return SimpleNamespace(**source.config) if isinstance(source, HubSource) else None
+        if not isinstance(source, HubSource):
+            return None
+        classes = int(self.model.network.outputs[0].shape[-1])
+        return SimpleNamespace(**{**source.config, "num_labels": classes})
 
     def check(self, train, validation) -> None:
         if getattr(self.model, "optimizer", None) is None:

@@ -154,6 +154,8 @@ class Batches:
     max_width: int | None = None
     widths: tuple | None = None
     order: dict | None = field(default=None, compare=False)
+    max_label: int | None = None
+    max_token_id: int | None = None
     name: str = "batches"
     reads_per_host: bool = False
     steps_for: Callable[[int, int], int] | None = field(default=None, repr=False)
@@ -241,6 +243,34 @@ class Batches:
                 f"{self.name} has rows of up to {self.max_width} tokens, but the"
                 f" {model_config.model_type} model embeds {limit} positions. Fix: widths"
                 f" (boundaries, the packed width) of at most {limit}, e.g. max_length={limit}."
+            )
+
+    def check_model(self, model_config) -> None:
+        """Refuse, before any step, batches the model cannot take: rows wider than its
+        positions, a class label it has no output for (``max_label`` against the config's
+        ``num_labels``), a token id its embedding table has no row for (``max_token_id``
+        against ``vocab_size``). Inside a compiled step the last two are silent: a label
+        out of range counts nothing, an id out of range gathers garbage (a ``nan`` loss on
+        JAX)."""
+        self.check_positions(model_config)
+        if model_config is None:
+            return
+        classes = getattr(model_config, "num_labels", None)
+        if self.max_label is not None and classes and self.max_label >= classes:
+            raise ValueError(
+                f"{self.name} hold class label {self.max_label}, but the model has {classes}"
+                f" outputs (labels 0 to {classes - 1}). Fix: build the model with"
+                f" num_labels={self.max_label + 1} (the data set's number of classes), or"
+                f" map the labels into 0..{classes - 1}."
+            )
+        vocabulary = getattr(model_config, "vocab_size", None)
+        if self.max_token_id is not None and vocabulary and self.max_token_id >= vocabulary:
+            raise ValueError(
+                f"{self.name} hold token id {self.max_token_id}, but the"
+                f" {getattr(model_config, 'model_type', '')} model embeds {vocabulary} tokens"
+                " (vocab_size). Fix: tokenize with the checkpoint's own tokenizer"
+                " (hub.load_tokenizer(checkpoint)); another tokenizer's ids have no row in"
+                " this embedding table."
             )
 
     def explain_error(self, err: BaseException) -> str | None:

@@ -82,7 +82,8 @@ def load_text_dataset(
             raise ValueError(
                 f"Split {split!r} of {name_or_path!r} has no column {missing[0]!r}; its columns"
                 f" are {data[split].column_names}. Fix: rename the column"
-                f" (dataset.rename_column) or pass text_column/label_column."
+                f" (dataset.rename_column) or name it in columns= (a notebook's text_column"
+                f" and text_pair_column parameters)."
             )
     return data
 
@@ -486,7 +487,8 @@ def text_batches(
     # per token columns: input_ids and, for sentence pairs, token_type_ids
     per_token = [c for c in ("input_ids", "token_type_ids") if c in _columns(split)]
     ragged = {c: _ragged(split[c], lengths, boundaries[-1]) for c in per_token}
-    labels = tf.constant(check_labels(split[label_column], num_labels, label_column), tf.int32)
+    label_values = check_labels(split[label_column], num_labels, label_column)
+    labels = tf.constant(label_values, tf.int32)
 
     def build(epoch, skip_steps, input_context):
         plan = batch_plan(
@@ -514,6 +516,8 @@ def text_batches(
         max_width=boundaries[-1],
         widths=tuple(boundaries),
         order={"seed": seed, "shuffle": shuffle, "group_widths": group_widths},
+        max_label=int(label_values.max()) if label_values.size else None,
+        max_token_id=int(tf.reduce_max(ragged["input_ids"].flat_values)),
         name="text batches",
         reads_per_host=True,
     )

@@ -237,7 +237,7 @@ class CustomLoop:
             check_positive(max_steps=max_steps)
         checkpoint_every = checkpoint_every or steps_per_epoch
         last_step = epochs * steps_per_epoch if max_steps is None else max_steps
-        train.check_positions(model_config(self.model))
+        train.check_model(model_config(self.model))
         if self.checkpoints:  # what the restore says (a damaged checkpoint skipped) goes to
             self.checkpoints.log = log  # the same log as the epochs
         start = self.restore()
