@@ -103,3 +103,29 @@ def cola_with_row_5(fixtures_dir):
         ),
     ]
     return checkpoint, batches, cases
+
+
+@pytest.fixture
+def broken_checkpoints(fixtures_dir, tmp_path):
+    """Copies of the tiny DistilBERT as an interrupted download leaves them:
+    ``{"truncated": folder, "missing shard": folder}`` (the hub's layouts, one file and
+    shards with an index)."""
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    from tpu_helpers import hub
+
+    source = fixtures_dir / "tiny-distilbert"
+    truncated = tmp_path / "truncated"
+    shutil.copytree(source, truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    sharded = tmp_path / "missing-shard"
+    shutil.copytree(source, sharded)
+    tensors = load_file(str(sharded / "model.safetensors"))
+    written = hub.write_hub_weights(tensors, str(sharded), max_shard_bytes=40_000)
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) > 2 and not (sharded / "model.safetensors").exists(), written
+    shards[1].unlink()
+    return {"truncated": truncated, "missing shard": sharded}

@@ -215,3 +215,16 @@ def test_the_built_in_checkpoints_are_in_the_hubs_layouts(fixtures_dir):
     assert (fixtures_dir / "tiny-distilbert" / hub.TF_H5).exists()  # both, as the hub has
     settings = json.loads((fixtures_dir / "tiny-bert" / "tokenizer_config.json").read_text())
     assert settings["tokenizer_class"] == "TokenizersBackend"
+
+
+@pytest.mark.parametrize("kind", ["truncated", "missing shard"])
+def test_a_broken_download_is_named_with_the_fix(broken_checkpoints, kind):
+    """An interrupted download: the file (or the missing shard) named, and the fix, not
+    the safetensors or OS error from inside."""
+    from transformers import TFAutoModelForSequenceClassification
+
+    from tpu_helpers.errors import CheckpointFormatError
+
+    folder = broken_checkpoints[kind]
+    with pytest.raises(CheckpointFormatError, match=r"model.*safetensors.*Fix: download the"):
+        hub.from_pretrained(TFAutoModelForSequenceClassification, str(folder), num_labels=2)

@@ -595,3 +595,10 @@ def test_labels_and_token_ids_the_model_has_no_row_for_are_refused_before_any_st
             keras3.fit_resumable(model, batches(**bad), 1, str(tmp_path / str(i)))
         assert not (tmp_path / str(i)).exists()  # refused before the first save
     assert keras3.fit_resumable(model, batches(label=1), 1, str(tmp_path / "ok"), verbose=0)
+
+
+@pytest.mark.parametrize("kind", ["truncated", "missing shard"])
+def test_a_broken_download_is_named_with_the_fix(broken_checkpoints, kind):
+    folder = broken_checkpoints[kind]
+    with pytest.raises(CheckpointFormatError, match=r"model.*safetensors.*Fix: download the"):
+        keras3.classifier(str(folder), num_labels=2, verbose=False)

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpu_helpers.checks import first_line
 from tpu_helpers.errors import CheckpointFormatError
 
 __all__ = [
@@ -100,10 +101,29 @@ def _shards(checkpoint: str, index: str, options: dict) -> tuple[str, ...]:
     return tuple(files)
 
 
-def _safetensors_format(path: str) -> str | None:
-    from safetensors import safe_open
+def open_safetensors(path, framework: str = "np"):
+    """``safetensors.safe_open(path)``; a missing, truncated or damaged file (an
+    interrupted download, a shard left out of a copy) refused naming it and the fix."""
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(path, framework="np") as archive:
+    fix = (
+        "Fix: download the checkpoint again, every file its index names (remove the"
+        " folder, or its copy in the hub cache: hf cache delete), then load it again."
+    )
+    try:
+        return safe_open(str(path), framework=framework)
+    except FileNotFoundError as err:
+        raise CheckpointFormatError(
+            f"{path} is not there, though the checkpoint's index lists it. {fix}"
+        ) from err
+    except (SafetensorError, OSError) as err:
+        raise CheckpointFormatError(
+            f"{path} cannot be read ({first_line(err)}): a truncated or damaged file. {fix}"
+        ) from err
+
+
+def _safetensors_format(path: str) -> str | None:
+    with open_safetensors(path) as archive:
         return (archive.metadata() or {}).get("format")
 
 
@@ -120,7 +140,14 @@ def find_weights(checkpoint: str, **options) -> Weights:
         listed = None if single else _resolve(checkpoint, index, options)
         if not (single or listed):
             continue
-        files = (single,) if single else _shards(checkpoint, listed, options)
+        try:
+            files = (single,) if single else _shards(checkpoint, listed, options)
+        except OSError as err:  # a shard the index lists is not there
+            raise CheckpointFormatError(
+                f"{checkpoint!r}: {first_line(err)} Fix: download the checkpoint again,"
+                f" every file {index} names (remove the folder, or its copy in the hub"
+                " cache: hf cache delete), then load it again."
+            ) from err
         if name == TF_H5:
             return Weights("tf-h5", files, bool(listed))
         named = "tf" if _safetensors_format(files[0]) == "tf" else "pytorch"
@@ -269,9 +296,7 @@ class _PyTorchTensors(Mapping):
         self.path = path
 
     def __enter__(self):
-        from safetensors import safe_open
-
-        self._context = safe_open(self.path, framework="tf")
+        self._context = open_safetensors(self.path, framework="tf")
         self._archive = self._context.__enter__()
         self._keys = list(self._archive.keys())
         return self

@@ -172,13 +172,13 @@ class _Reader:
     read is kept, and a missing one of ``optional`` is skipped and kept apart."""
 
     def __init__(self, folder: Path, optional: tuple = ()):
-        from safetensors import safe_open
+        from tpu_helpers.hub import open_safetensors
 
         index = folder / "model.safetensors.index.json"
         if index.exists():
             where = json.loads(index.read_text())["weight_map"]
         else:
-            with safe_open(folder / "model.safetensors", framework="np") as archive:
+            with open_safetensors(folder / "model.safetensors") as archive:
                 where = dict.fromkeys(archive.keys(), "model.safetensors")
         self.folder, self.where, self.optional = folder, where, optional
         self.read, self.skipped, self._open = set(), [], {}
@@ -202,11 +202,11 @@ class _Reader:
         return full
 
     def _archive(self, full: str):
-        from safetensors import safe_open
+        from tpu_helpers.hub import open_safetensors
 
         file = self.where[full]
         if file not in self._open:
-            self._open[file] = safe_open(self.folder / file, framework="np")
+            self._open[file] = open_safetensors(self.folder / file)
         return self._open[file]
 
     def shape(self, name: str) -> list[int]:
