@@ -441,6 +441,12 @@ CASES = [
         TypeError,
         r"directory=None must be a folder path.*Fix",
     ),
+    (
+        "a save folder written as a malformed URL",
+        lambda tmp: checkpoints.fit_resumable(_compiled(), _plan(), 2, "gs:/bucket/run"),
+        ValueError,
+        r"'gs:/bucket/run' is neither a local folder nor a well-formed URL.*Fix: gs://bucket/run",
+    ),
 ]
 
 

@@ -483,9 +483,13 @@ def test_a_model_and_optimizer_made_again_resume_the_run_and_bad_settings_are_re
         ({"every_minutes": "10"}, "every_minutes='10' must be a number of minutes"),
         ({"every_steps": -3}, "every_steps"),
         ({"epochs": 0}, "epochs"),
+        ({"directory": "gs:/bucket/run"}, "Fix: gs://bucket/run"),  # not a local folder
     ):
         with pytest.raises(ValueError, match=match):
-            keras3.fit_resumable(model, train, **{"epochs": 1, "directory": "x", **bad})
+            keras3.fit_resumable(
+                model, train, **{"epochs": 1, "directory": str(tmp_path / "x"), **bad}
+            )
+        assert not (tmp_path / "x").exists() and not os.path.exists("gs:")
     keras3.fit_resumable(model, train, 1, str(tmp_path / "ab"), run={"model": "a"}, verbose=0)
     with pytest.raises(CheckpointMismatchError, match="model was 'a' there and is 'b' now"):
         keras3.fit_resumable(model, train, 2, str(tmp_path / "ab"), run={"model": "b"})

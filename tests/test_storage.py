@@ -1,7 +1,9 @@
 import os
 
+import pytest
 from conftest import run_python
 
+from tpu_helpers import storage
 from tpu_helpers.storage import is_remote
 
 
@@ -47,3 +49,39 @@ def test_shared_paths_are_network_file_systems_and_ram_is_one_process():
 
     assert is_shared("gs://bucket/x") and not is_shared("ram://b/y")
     assert not is_shared("/tmp/x") and SHARED_SCHEMES[0] == "gs://"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "outputs/run",
+        "/kaggle/working/run",
+        "/content/drive/MyDrive/run",
+        "gs://my-bucket/a",
+        "ram://x/y",
+        "C:\\runs\\a",
+        "run:2",
+        "file:///tmp/run",
+    ],
+)
+def test_folders_a_user_means_pass(path):
+    storage.check_folder(path)
+
+
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("gs:/bucket/run", r"nor a well-formed URL.*Fix: gs://bucket/run"),
+        ("gs:bucket/run", r"Fix: gs://bucket/run"),
+        ("gcs://bucket/run", r"Fix: gs://bucket/run"),
+        ("GS://bucket/run", r"Fix: gs://bucket/run"),
+        ("s3://bucket/run", r"cannot write s3:// paths.*gs://.*Fix"),
+        ("https://example.com/run", r"cannot write https:// paths"),
+        ("gs://My Bucket/run", r"'My Bucket' is not a Cloud Storage bucket name.*Fix"),
+        ("gs:///run", r"'' is not a Cloud Storage bucket name"),
+        (" gs://bucket/run", r"spaces at its ends. Fix: 'gs://bucket/run'"),
+    ],
+)
+def test_a_malformed_folder_is_refused_with_the_fix(path, message):
+    with pytest.raises(ValueError, match=message):
+        storage.check_folder(path)

@@ -105,6 +105,10 @@ def check_save_every(every_steps, every_minutes, directory: str | None = "-") ->
             f"directory={directory!r} must be a folder path (local or gs://). Fix:"
             " f'{output_dir}/checkpoints'."
         )
+    if directory != "-":
+        from tpu_helpers.storage import check_folder
+
+        check_folder(directory)
 
 
 class History:

@@ -8,6 +8,7 @@ these helpers stage through a local temporary folder and copy with ``tf.io.gfile
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
 __all__ = [
@@ -17,12 +18,56 @@ __all__ = [
     "copy_tree",
     "save_pretrained",
     "local_copy",
+    "check_folder",
 ]
 
 
 #: Path schemes that every host of a pod slice reads alike, over a network. ``ram://`` is
 #: not one: it is the memory of one process (a stand-in for a bucket in tests).
 SHARED_SCHEMES = ("gs://", "s3://", "hdfs://", "az://", "abfs://", "http://", "https://")
+
+
+#: URL schemes a user may mean, for telling a malformed URL from a local folder's name.
+_SCHEMES = ("gs", "gcs", "s3", "http", "https", "hdfs", "ram", "file", "az", "abfs")
+
+
+def check_folder(path, what: str = "directory") -> None:
+    """Refuse a folder to write to that cannot be what was meant, before anything is
+    written: a malformed URL (``gs:/bucket``, ``gs:bucket``, ``gcs://``) would be taken as a
+    local folder, and every save would be lost with the runtime; a URL of a file system
+    TensorFlow cannot write here; a bucket name Cloud Storage does not allow; spaces at the
+    ends. Local folders (``outputs/run``, ``/kaggle/working``, a mounted Drive) pass."""
+    text = str(path)
+    if text != text.strip():
+        raise ValueError(f"{what}={path!r} has spaces at its ends. Fix: {text.strip()!r}.")
+    url = re.match(r"([A-Za-z][\w+.-]+):(/{0,2})(.*)", text)
+    if url is None or (url.group(1).lower() not in _SCHEMES and url.group(2) != "//"):
+        return  # a local path (``C:\\`` too: a drive's letter is no scheme)
+    name, slashes, rest = url.groups()
+    scheme = "gs" if name.lower() in ("gs", "gcs") else name.lower()
+    if slashes != "//" or scheme != name:
+        raise ValueError(
+            f"{what}={path!r} is neither a local folder nor a well-formed URL: saves there"
+            f" would go to a local folder of that name, lost with the runtime. Fix:"
+            f" {scheme}://{rest.lstrip('/')!s}, or a local folder."
+        )
+    import tensorflow as tf
+
+    registered = [s for s in tf.io.gfile.get_registered_schemes() if s]
+    if scheme not in registered:
+        raise ValueError(
+            f"{what}={path!r}: TensorFlow here cannot write {scheme}:// paths (it writes"
+            f" {', '.join(f'{s}://' for s in sorted(registered))} and local folders). Fix: a"
+            " gs://bucket/folder, or a local folder (on Colab a mounted Drive:"
+            " /content/drive/MyDrive/...)."
+        )
+    bucket = rest.split("/", 1)[0]
+    if scheme == "gs" and not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", bucket):
+        raise ValueError(
+            f"{what}={path!r}: {bucket!r} is not a Cloud Storage bucket name (lowercase"
+            " letters, digits, dashes, underscores and dots, 3 to 63 characters). Fix:"
+            " gs://<your-bucket>/<folder>."
+        )
 
 
 def is_remote(path: str) -> bool:
