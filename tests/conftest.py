@@ -129,3 +129,24 @@ def broken_checkpoints(fixtures_dir, tmp_path):
     assert len(shards) > 2 and not (sharded / "model.safetensors").exists(), written
     shards[1].unlink()
     return {"truncated": truncated, "missing shard": sharded}
+
+
+@pytest.fixture
+def two_checkpoints(fixtures_dir, tmp_path):
+    """``(same, other)``: copies of the tiny DistilBERT at other paths, the first equal to
+    it, the second with the same shapes and other values (another fine-tuning of it)."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    source = fixtures_dir / "tiny-distilbert"
+    same, other = tmp_path / "same-checkpoint", tmp_path / "other-checkpoint"
+    shutil.copytree(source, same)
+    shutil.copytree(source, other)
+    tensors = load_file(str(other / "model.safetensors"))
+    tensors = {
+        k: (v * np.float32(1.01) if v.dtype == np.float32 else v) for k, v in tensors.items()
+    }
+    save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
+    return same, other

@@ -275,3 +275,37 @@ def test_labels_and_token_ids_the_model_has_no_row_for_are_refused_before_any_st
         with pytest.raises(ValueError, match=match):
             fit_resumable(model, batches(**bad), 1, str(tmp_path / str(i)))
         assert not (tmp_path / str(i)).exists()
+
+
+def test_a_folder_of_another_checkpoints_run_is_not_resumed_in_its_place(
+    fixtures_dir, two_checkpoints, tmp_path
+):
+    """As on the Keras 3 engine (tests/test_keras3.py): the checkpoint's fingerprint is
+    part of the run."""
+    import tensorflow as tf
+    from transformers import TFAutoModelForSequenceClassification
+
+    from tpu_helpers import hub, pipeline
+    from tpu_helpers.checkpoints import CheckpointMismatchError, fit_resumable
+
+    def model_of(checkpoint):
+        model = hub.from_pretrained(
+            TFAutoModelForSequenceClassification, str(checkpoint), num_labels=2
+        )
+        model.compile(
+            tf.keras.optimizers.Adam(1e-3), tf.keras.losses.SparseCategoricalCrossentropy(True)
+        )
+        return model
+
+    def batches(epoch, skip):
+        ids = tf.data.Dataset.from_tensors(
+            ({"input_ids": tf.ones((4, 8), tf.int32)}, tf.zeros(4, tf.int32))
+        )
+        return ids.repeat(2).skip(skip)
+
+    plan = pipeline.from_dataset_fn(batches, steps_per_epoch=2, global_batch=4)
+    same, other = two_checkpoints
+    fit_resumable(model_of(fixtures_dir / "tiny-distilbert"), plan, 1, str(tmp_path), verbose=0)
+    assert len(fit_resumable(model_of(same), plan, 2, str(tmp_path), verbose=0)["loss"]) == 2
+    with pytest.raises(CheckpointMismatchError, match=r"started from another checkpoint.*Fix"):
+        fit_resumable(model_of(other), plan, 3, str(tmp_path), verbose=0)

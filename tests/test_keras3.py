@@ -606,3 +606,26 @@ def test_a_broken_download_is_named_with_the_fix(broken_checkpoints, kind):
     folder = broken_checkpoints[kind]
     with pytest.raises(CheckpointFormatError, match=r"model.*safetensors.*Fix: download the"):
         keras3.classifier(str(folder), num_labels=2, verbose=False)
+
+
+def test_a_folder_of_another_checkpoints_run_is_not_resumed_in_its_place(
+    fixtures_dir, two_checkpoints, tmp_path
+):
+    """The run record holds a fingerprint of the weights the model was loaded from: the
+    same checkpoint at another path resumes, another one with the same shapes is refused
+    (it would be silently replaced by the earlier run's weights)."""
+    _, train = _cola_batches(fixtures_dir)
+    same, other = two_checkpoints
+
+    def model_of(checkpoint):
+        model = keras3.classifier(str(checkpoint), num_labels=2, verbose=False)
+        return keras3.compile_classifier(model, 1e-3)
+
+    keras3.fit_resumable(
+        model_of(fixtures_dir / "tiny-distilbert"), train, 1, str(tmp_path), verbose=0
+    )
+    assert (
+        len(keras3.fit_resumable(model_of(same), train, 2, str(tmp_path), verbose=0)["loss"]) == 2
+    )
+    with pytest.raises(CheckpointMismatchError, match=r"started from another checkpoint.*Fix"):
+        keras3.fit_resumable(model_of(other), train, 3, str(tmp_path), verbose=0)

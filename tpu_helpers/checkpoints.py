@@ -189,6 +189,14 @@ def check_same_run(directory: str, recorded: dict, now: dict) -> None:
     ...) must be equal. Both engines' ``fit_resumable`` check so before any step."""
     recorded, now = (json.loads(json.dumps(r, sort_keys=True)) for r in (recorded, now))
     for key in sorted(recorded.keys() & now.keys()):
+        if recorded[key] != now[key] and key == "checkpoint":
+            raise CheckpointMismatchError(
+                f"{directory} holds the saves of a run that started from another checkpoint"
+                f" ({recorded[key]} there, {now[key]} loaded now): resuming would replace the"
+                " checkpoint asked for with that run's weights. Fix: load the checkpoint that"
+                " run started from to resume it, or pass a new folder to start afresh (the"
+                " old one is kept)."
+            )
         if recorded[key] != now[key]:
             raise CheckpointMismatchError(
                 f"{directory} holds the saves of another run: {key} was {recorded[key]!r}"
@@ -266,6 +274,14 @@ class TfTrainer:
 
     def model_config(self):
         return model_config(self.model)
+
+    def source_fingerprint(self) -> str | None:
+        """The fingerprint of the checkpoint the model was loaded from (its config's
+        ``_name_or_path``: a folder, or a hub name in the cache)."""
+        from tpu_helpers.hub import checkpoint_fingerprint
+
+        name = getattr(model_config(self.model), "_name_or_path", None)
+        return checkpoint_fingerprint(name) if name else None
 
     def check(self, train, validation) -> None:
         for batches in (train, validation):

@@ -16,7 +16,7 @@ What differs is an engine's ``Trainer`` (the seam):
 ==========================  ============================================================
 
 A trainer has ``steps_per_epoch(batches)``, ``check(train, validation)``, ``model_config()``
-(the positions, classes and vocabulary the batches are checked against), ``open(directory, run, epochs) -> (epoch, step)`` (restore, or save
+(the positions, classes and vocabulary the batches are checked against), ``source_fingerprint()`` (of the checkpoint loaded, or None), ``open(directory, run, epochs) -> (epoch, step)`` (restore, or save
 the start), ``train_epoch(train,
 validation, epoch, first_step, after_call, callbacks) -> logs``, ``save(epoch, step)``,
 ``finish()`` and ``predict(batches) -> (labels, predictions, weights)``.
@@ -191,6 +191,9 @@ def fit_resumable(
     run = {"steps_per_epoch": steps, "global_batch": train.global_batch, **(run or {})}
     if train.order:  # what decides which batches a resumed epoch skips
         run["order"] = train.order
+    source = trainer.source_fingerprint()
+    if source:  # a folder of another checkpoint's run is not resumed in its place
+        run.setdefault("checkpoint", source)
     epoch, first = trainer.open(directory, run, epochs)
     history = History(directory)
     if epoch >= epochs:

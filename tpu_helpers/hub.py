@@ -122,6 +122,34 @@ def open_safetensors(path, framework: str = "np"):
         ) from err
 
 
+def weights_fingerprint(files) -> str:
+    """A short fingerprint of a checkpoint's weight files (local paths): a hash of each
+    file's size and of its first and last MiB (the header, the first and the last
+    tensors), so two checkpoints with the same shapes and other values differ, read in
+    milliseconds whatever the size."""
+    import hashlib
+
+    digest, chunk = hashlib.sha256(), 1 << 20
+    for path in sorted(str(f) for f in files):
+        size = Path(path).stat().st_size
+        with open(path, "rb") as file:
+            digest.update(str(size).encode())
+            digest.update(file.read(chunk))
+            file.seek(max(0, size - chunk))
+            digest.update(file.read(chunk))
+    return f"weights {digest.hexdigest()[:16]}"
+
+
+def checkpoint_fingerprint(checkpoint) -> str | None:
+    """``weights_fingerprint`` of the files ``checkpoint`` (a folder or a hub name already
+    in the cache) loads from, or ``None`` where they cannot be found without the network."""
+    try:
+        files = find_weights(str(checkpoint), local_files_only=True).files
+        return weights_fingerprint(files)
+    except (OSError, ValueError, CheckpointFormatError):
+        return None
+
+
 def _safetensors_format(path: str) -> str | None:
     with open_safetensors(path) as archive:
         return (archive.metadata() or {}).get("format")

@@ -723,6 +723,13 @@ class JaxTrainer:
         classes = int(self.model.network.outputs[0].shape[-1])
         return SimpleNamespace(**{**source.config, "num_labels": classes})
 
+    def source_fingerprint(self) -> str | None:
+        """The fingerprint of the checkpoint the model was loaded from (``hub``)."""
+        from tpu_helpers.hub import checkpoint_fingerprint
+
+        source = getattr(self.model, "hub_source", None)
+        return checkpoint_fingerprint(source.folder) if isinstance(source, HubSource) else None
+
     def check(self, train, validation) -> None:
         if getattr(self.model, "optimizer", None) is None:
             raise EngineError(
