@@ -629,3 +629,38 @@ def test_a_folder_of_another_checkpoints_run_is_not_resumed_in_its_place(
     )
     with pytest.raises(CheckpointMismatchError, match=r"started from another checkpoint.*Fix"):
         keras3.fit_resumable(model_of(other), train, 3, str(tmp_path), verbose=0)
+
+
+@pytest.mark.parametrize("damage", ["removed", "truncated"])
+def test_a_lost_or_damaged_newest_save_falls_back_to_the_one_before(fixtures_dir, tmp_path, damage):
+    """A save folder copied in part, or a state file damaged: the run resumes from the
+    newest whole save, says so, and ends with the weights of a run never stopped."""
+    checkpoint, train = _cola_batches(fixtures_dir)
+
+    def fresh():
+        keras.utils.set_random_seed(0)
+        model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
+        return keras3.compile_classifier(model, 1e-3)
+
+    whole = fresh()
+    keras3.fit_resumable(whole, train, 2, str(tmp_path / "whole"), verbose=0)
+    keras3.fit_resumable(fresh(), train, 2, str(tmp_path / "run"), verbose=0)
+    newest = json.loads((tmp_path / "run" / "latest.json").read_text())
+    assert newest["file"] == "state-2-0.npz" and newest["previous"] == "state-1-0.npz"
+    state = tmp_path / "run" / newest["file"]
+    if damage == "removed":
+        state.unlink()
+    else:
+        state.write_bytes(state.read_bytes()[:100])
+    said = []
+    model = fresh()
+    keras3.fit_resumable(model, train, 2, str(tmp_path / "run"), log=said.append, verbose=0)
+    assert any("state-2-0.npz cannot be read" in line for line in said), said
+    for got, want in zip(model.trainable_variables, whole.trainable_variables, strict=True):
+        np.testing.assert_allclose(
+            np.asarray(got.value), np.asarray(want.value), rtol=1e-5, atol=1e-6
+        )
+    for name in ("state-2-0.npz", "state-1-0.npz"):  # neither whole: refused, with the fix
+        (tmp_path / "run" / name).unlink(missing_ok=True)
+    with pytest.raises(CheckpointMismatchError, match="no save of this run can be read.*Fix"):
+        keras3.fit_resumable(fresh(), train, 3, str(tmp_path / "run"), log=said.append, verbose=0)

@@ -40,6 +40,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from tpu_helpers.checks import first_line
 from tpu_helpers.engine import fit_resumable, predict_classes
 from tpu_helpers.errors import CheckpointFormatError, CheckpointMismatchError, EngineError
 from tpu_helpers.families import FAMILIES, KERAS3, Head
@@ -625,8 +626,9 @@ class _Saves:
     after it, so a save that stops half-way is never the one resumed. The two newest
     states are kept."""
 
-    def __init__(self, directory: str, run: dict):
+    def __init__(self, directory: str, run: dict, log=print):
         self.directory, self.run, self.gfile = directory.rstrip("/"), run, _gfile()
+        self.log = log
         self.gfile.makedirs(self.directory)
 
     def _write(self, name: str, data: bytes) -> None:
@@ -691,11 +693,33 @@ class _Saves:
                 f" {saved[differ] if differ < len(saved) else '-'}"
                 " saved): another checkpoint, head or optimizer. Fix: a new directory."
             )
-        with self.gfile.GFile(f"{self.directory}/{latest['file']}", "rb") as f:
-            arrays = np.load(io.BytesIO(f.read()))
-            for i, variable in enumerate(variables):
-                variable.assign(arrays[f"arr_{i}"])
-        return ResumePoint(latest["epoch"], latest["step"])
+        for name in (latest["file"], latest.get("previous")):  # the newest whole one
+            arrays = self._read(name, len(variables)) if name else None
+            if arrays is not None:
+                for variable, array in zip(variables, arrays, strict=True):
+                    variable.assign(array)
+                epoch, step = (int(n) for n in name[len("state-") : -len(".npz")].split("-"))
+                return ResumePoint(epoch, step)
+        raise CheckpointMismatchError(
+            f"{self.directory}: no save of this run can be read ({latest['file']} and"
+            f" {latest.get('previous') or 'no earlier one'}; see above). Fix: copy the"
+            " folder again if it was copied, or pass a new folder to start afresh."
+        )
+
+    def _read(self, name: str, count: int) -> list | None:
+        """The ``count`` arrays of state file ``name``, or ``None`` (said) when it is
+        missing or cannot be read whole."""
+        path = f"{self.directory}/{name}"
+        try:
+            with self.gfile.GFile(path, "rb") as f:
+                saved = np.load(io.BytesIO(f.read()))
+                return [saved[f"arr_{i}"] for i in range(count)]
+        except Exception as err:  # noqa: BLE001 - missing, truncated, not a zip, short
+            self.log(
+                f"[keras3] {path} cannot be read ({type(err).__name__}: {first_line(err)});"
+                " trying the save before it"
+            )
+            return None
 
 
 class JaxTrainer:
@@ -739,7 +763,7 @@ class JaxTrainer:
         self.steps = _steps_for(self.model, train, validation, where="fit_resumable")
 
     def open(self, directory: str, run: dict, epochs: int) -> tuple[int, int]:
-        self.saves, self.epochs = _Saves(directory, run), epochs
+        self.saves, self.epochs = _Saves(directory, run, self.log), epochs
         point = self.saves.restore(self.model)
         if self.saves.latest() is None:  # the start: what a re-run after an interrupt reads
             self.saves.save(self.model, ResumePoint(0, 0))
