@@ -16,8 +16,10 @@ given to ``model.compile``) inside functions jitted once here, so that
   steps are the epoch's, in its order (``text.text_batches(..., group_widths=)`` orders an
   epoch in runs of one width, so that most calls are full);
 * the steps of every width a pipeline names (``Batches.widths``) are compiled before the
-  first step, several at once (``precompile``: XLA compiles on the host's cores while the
-  next width is traced), instead of one after the other as each width first comes;
+  first step, the width of the epoch's first batch first (``precompile``: each traced
+  here and compiled on a pool while the next is traced; the steps start as soon as their
+  width is ready), instead of as each width first comes; ``COMPILER_OPTIONS`` holds the
+  XLA options by platform;
 * a thread stacks the next batches and puts them on the devices, split along the batch
   axis, while the step runs;
 * the state (weights, optimizer, dropout seeds, metrics) stays on the devices between
