@@ -30,7 +30,7 @@ fi
 leg() {
   local stack="$1"
   shift
-  if is_keras3 "$stack"; then  # its environment too is made at the lower priority
+  if is_keras3 "$stack"; then  # the TF legs first: the CPU leg is the longest
     renice -n 19 -p "$BASHPID" > /dev/null
   fi
   export STACK="$stack"
@@ -121,10 +121,13 @@ tf_tpu_leg() {
 # notebook 08 cell by cell in bfloat16 (its default): at eight devices on Kaggle's (a
 # v5e-8), at one on Colab's (the free v5e-1); the keras3 leg also runs the exercise edition
 # of notebook 08 to its first stub. They run beside the TensorFlow legs at the lowest
-# priority, their environments made there too: the TensorFlow legs leave a core idle for
-# minutes at a time (single-threaded tracing and compiling), which these take. JAX's
+# priority: the TensorFlow legs leave a core idle for minutes at a time (single-threaded
+# tracing and compiling), which these take. (Their environments were made in the legs
+# too, at that priority, until two of them took 14 minutes there on 2026-12-04.) JAX's
 # persistent compilation cache lives for the leg (the text part's compilations serve the
-# records part: 162 s to 100 s for notebook 08).
+# records part: 162 s to 100 s for notebook 08). A cell may take 300 s (the longest took 25
+# s alone): a kernel that dies mid-cell (once, 2026-12-04, notebook 08 at eight devices;
+# not seen again in the same run repeated) is reported after that, not after 15 minutes.
 keras3_leg() {
   local stack="$1" replicas=1 more=()
   shift
@@ -136,7 +139,7 @@ keras3_leg() {
   python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
     --replicas "$replicas"
   python -m pytest tests/test_keras3.py tests/test_runtime.py "${more[@]}" \
-    "build/nbval-$stack" --nbval-lax --nbval-current-env --nbval-cell-timeout=900 \
+    "build/nbval-$stack" --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
     -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@"
 }
 
@@ -183,15 +186,11 @@ timed_leg() {
   return "$status"
 }
 
-# The environments first, both at once (pip mostly unpacks wheels, each into its own
-# folder: they took 160 s and 231 s one after the other on 2 cores).
+# The environments first, all at once (pip mostly unpacks wheels, each into its own
+# folder: two took 160 s and 231 s one after the other on 2 cores, 128 s at once).
 mkdir -p build
 run_stacks=("${stacks[@]}")
-if [ "${#stacks[@]}" -gt 1 ]; then
-  run_stacks=(cpu tpu)  # the Keras 3 environments are made in their own legs, at their priority
-fi
 side_by_side prepare env || { echo "an environment or the fixtures could not be made" >&2; exit 1; }
-run_stacks=("${stacks[@]}")
 
 if [ "${#stacks[@]}" -eq 1 ]; then  # one leg: its output as it goes
   timed_leg "${stacks[0]}" "$@"
