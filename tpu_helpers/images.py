@@ -148,26 +148,21 @@ class ImageSpec:
 
 _STANDARD, _IMAGENET = [0.5, 0.5, 0.5], [[0.485, 0.456, 0.406], [0.229, 0.224, 0.225]]
 _SQUARE_224 = {"height": 224, "width": 224}
+_RESIZE_256_CROP_224 = dict(
+    size={"height": 256, "width": 256},
+    resample=3,
+    do_center_crop=True,
+    crop_size=_SQUARE_224,
+    square=True,
+)
 #: What transformers' image processors do where their saved settings are silent (their
 #: ``__init__`` defaults, transformers 4.57), for the classes ``from_processor`` knows. A
 #: ``size`` saved as one number is a square for those marked ``square``, else the shorter
 #: side (transformers' ``get_size_dict``).
 PROCESSOR_DEFAULTS = {
     "ViTImageProcessor": dict(size={"height": 224, "width": 224}, resample=2, square=True),
-    "DeiTImageProcessor": dict(
-        size={"height": 256, "width": 256},
-        resample=3,
-        do_center_crop=True,
-        crop_size=_SQUARE_224,
-        square=True,
-    ),
-    "BeitImageProcessor": dict(
-        size={"height": 256, "width": 256},
-        resample=3,
-        do_center_crop=True,
-        crop_size=_SQUARE_224,
-        square=True,
-    ),
+    "DeiTImageProcessor": _RESIZE_256_CROP_224,
+    "BeitImageProcessor": _RESIZE_256_CROP_224,
     "ConvNextImageProcessor": dict(size={"shortest_edge": 384}, crop_pct=0.875, resample=2),
     "CLIPImageProcessor": dict(
         size={"shortest_edge": 224},
