@@ -98,6 +98,8 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
     pip_in "$VENV" install -q -r "$image" -r <(tooling_beside "$image")
     pip_in "$VENV" install -q --no-deps -e .
     pip_in "$VENV" freeze --all > "$VENV/freeze-image.txt"
+    echo "[env] pip freeze before the install cell ($VENV/freeze-image.txt):"
+    sed 's/^/    /' "$VENV/freeze-image.txt"
     # The install cell as it runs on Colab with a TPU (detect_runtime reads these two
     # variables so); it raises if it changed what the runtime keeps (runtime.KERAS3_KEEPS).
     COLAB_RELEASE_TAG=rehearsal TPU_ACCELERATOR_TYPE=v5litepod-1 TPU_SKIP_MDS_QUERY=1 \
