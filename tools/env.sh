@@ -101,9 +101,15 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
     echo "[env] pip freeze before the install cell ($VENV/freeze-image.txt):"
     sed 's/^/    /' "$VENV/freeze-image.txt"
     # The install cell as it runs on Colab with a TPU (detect_runtime reads these two
-    # variables so); it raises if it changed what the runtime keeps (runtime.KERAS3_KEEPS).
+    # variables so); it raises if it changed what the runtime keeps (runtime.KERAS3_KEEPS),
+    # and here anything else the plan does not name fails the leg too.
     COLAB_RELEASE_TAG=rehearsal TPU_ACCELERATOR_TYPE=v5litepod-1 TPU_SKIP_MDS_QUERY=1 \
-      "$VENV/bin/python" -c 'import tpu_helpers; tpu_helpers.install(engine="keras3")' \
+      "$VENV/bin/python" -c 'import tpu_helpers
+from tpu_helpers import runtime
+before = runtime.installed()
+plan = tpu_helpers.install(engine="keras3")
+unplanned = runtime.unplanned_changes(runtime.install_changes(before, runtime.installed()), plan)
+assert not unplanned, f"the install cell changed what its plan does not name: {unplanned}"' \
       2> >(grep -v "is ignored: it is neither" >&2)
     pip_in "$VENV" freeze --all > "$VENV/freeze-installed.txt"
     echo "[env] the install cell changed (diff of pip freeze, image -> installed):"

@@ -14,10 +14,11 @@
 #           doctor, connecting, the simulated pod slice) and notebooks 00 and 01 at eight
 #           replicas in bfloat16; the other notebooks and unit tests run on the CPU leg.
 #   keras3  the Keras 3 engine on a stack shaped like Kaggle's TPU image (Python 3.12, JAX
-#           0.10): its tests at eight devices (a v5e-8), notebook 08 at one.
+#           0.10): its tests and notebook 08 at eight devices (a v5e-8).
 #   colab   the Keras 3 engine on a stack shaped like Colab's TPU runtime as it ships
 #           (Python 3.13, JAX 0.7.2, Keras 3.13.2 before the install cell, transformers
-#           5.15, no TensorFlow, no PyTorch): its tests, notebook 08 at eight devices.
+#           5.15, no TensorFlow, no PyTorch): its tests at eight devices, notebook 08 at
+#           one (Colab's free v5e-1).
 #
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -661,7 +661,10 @@ class _Saves:
             "step": point.step,
             "run": self.run,
             "variables": [[v.path, list(v.shape)] for v in variables],
-            "previous": before["file"] if before else None,
+            # a save of the same name (after a fall-back) keeps the one before it
+            "previous": (before or {}).get(
+                "previous" if before and before["file"] == name else "file"
+            ),
         }
         self._write("latest.json", json.dumps(latest).encode())
         old = before and before.get("previous")

@@ -509,10 +509,14 @@ def install_changes(before: dict, after: dict) -> dict[str, tuple[str | None, st
     return {n: (before.get(n), after.get(n)) for n in names if before.get(n) != after.get(n)}
 
 
+_KEPT = "(the runtime keeps its own)"
+
+
 def unplanned_changes(changes: dict, plan: list[str]) -> list[str]:
     """What a Keras 3 plan should not have done: change or remove one of ``KERAS3_KEEPS``,
     or change or remove a distribution the plan does not name (additions are the named
-    packages' requirements).
+    packages' requirements). ``install`` refuses the first kind and says the second (pip
+    may move a requirement of a package the plan names); the Colab test leg refuses both.
 
     >>> unplanned_changes({"keras": ("3.13.2", "3.15.1"), "numpy": ("2.1.3", "2.4.6"),
     ...     "rich": (None, "14.0")}, ["pip install -q 'keras>=3.15,<4'"])
@@ -524,7 +528,7 @@ def unplanned_changes(changes: dict, plan: list[str]) -> list[str]:
         if old is None:
             continue
         if name in KERAS3_KEEPS:
-            problems.append(f"{name} {old} -> {new} (the runtime keeps its own)")
+            problems.append(f"{name} {old} -> {new} {_KEPT}")
         elif name not in named:
             problems.append(f"{name} {old} -> {new} (not in the plan)")
     return problems
@@ -591,11 +595,14 @@ def install(
     for name, (old, new) in changes.items():
         print(f"[install] {name}: {old or 'none'} -> {new or 'removed'}")
     problems = unplanned_changes(changes, plan) if engine == "keras3" else []
-    if problems:
+    for problem in problems:  # a requirement of what the plan names, moved by pip
+        print(f"[install] also changed: {problem}")
+    kept = [problem for problem in problems if problem.endswith(_KEPT)]
+    if kept:
         raise InstallError(
-            f"the install changed {'; '.join(problems)}. Fix: Runtime -> Disconnect and"
-            " delete runtime, then run the notebook from the top with engine='keras3'"
-            " (the plan names what it may change)."
+            f"the install changed {'; '.join(kept)}. Fix: Runtime -> Disconnect and delete"
+            " runtime, then run the notebook from the top (JAX and libtpu must stay the"
+            " runtime's own)."
         )
     stale = sorted({loaded[name] for name in changed if name in loaded})
     if stale:
