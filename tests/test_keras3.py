@@ -656,6 +656,9 @@ def test_a_lost_or_damaged_newest_save_falls_back_to_the_one_before(fixtures_dir
     model = fresh()
     keras3.fit_resumable(model, train, 2, str(tmp_path / "run"), log=said.append, verbose=0)
     assert any("state-2-0.npz cannot be read" in line for line in said), said
+    after = json.loads((tmp_path / "run" / "latest.json").read_text())
+    assert after["previous"] == "state-1-0.npz"  # the save before is kept for the next loss
+    assert (tmp_path / "run" / "state-1-0.npz").exists()
     for got, want in zip(model.trainable_variables, whole.trainable_variables, strict=True):
         np.testing.assert_allclose(
             np.asarray(got.value), np.asarray(want.value), rtol=1e-5, atol=1e-6

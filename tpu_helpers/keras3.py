@@ -668,7 +668,8 @@ class _Saves:
         }
         self._write("latest.json", json.dumps(latest).encode())
         old = before and before.get("previous")
-        if old and old != name and self.gfile.exists(f"{self.directory}/{old}"):
+        keep = (name, latest["previous"])
+        if old and old not in keep and self.gfile.exists(f"{self.directory}/{old}"):
             self.gfile.remove(f"{self.directory}/{old}")
 
     def restore(self, model) -> ResumePoint:
