@@ -481,7 +481,7 @@ def requirement_names(command: str) -> list[str]:
             continue
         name = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", word)
         if name:
-            names.append(name.group(0).lower().replace("_", "-"))
+            names.append(_normalized(name.group(0)))
     return names
 
 
@@ -522,7 +522,7 @@ def unplanned_changes(changes: dict, plan: list[str]) -> list[str]:
     ...     "rich": (None, "14.0")}, ["pip install -q 'keras>=3.15,<4'"])
     ['numpy 2.1.3 -> 2.4.6 (the runtime keeps its own)']
     """
-    named = {_normalized(n) for command in plan for n in requirement_names(command)}
+    named = {n for command in plan for n in requirement_names(command)}
     problems = []
     for name, (old, new) in changes.items():
         if old is None:
