@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import exercises  # noqa: E402
 import readme  # noqa: E402
 import run_notebooks  # noqa: E402
+import tracks  # noqa: E402
 
 from tpu_helpers import runtime  # noqa: E402
 
@@ -43,7 +44,8 @@ def solution_cells_without_prompts(edition):
 
 
 def test_every_notebook_has_an_exercise_edition_and_it_is_current():
-    assert SOLUTIONS and len(SOLUTIONS) == len(list(exercises.EXERCISES.glob("*.ipynb")))
+    editions = [p for f in tracks.FOLDERS for p in (f / "exercises").glob("*.ipynb")]
+    assert SOLUTIONS and len(SOLUTIONS) == len(editions)
     assert exercises.main(["--check"]) == 0, "run: python tools/exercises.py"
 
 
@@ -52,7 +54,7 @@ def test_the_generator_is_idempotent():
     assert exercises.editions() == first  # nothing depends on time or order
     for path, edition in first.items():
         # generating again from the edition with its solutions put back changes nothing
-        solution = load(exercises.SOLUTIONS / path.name)
+        solution = load(tracks.track_of(path) / path.name)
         back = exercises.inject(json.loads(edition), solution, path.name)
         assert exercises.dumps(exercises.generate(back, path.name)) == edition
 
@@ -60,13 +62,13 @@ def test_the_generator_is_idempotent():
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
 def test_injecting_the_solutions_gives_the_solution_notebook(path):
     solution = load(path)
-    edition = load(exercises.EXERCISES / path.name)
+    edition = load(tracks.exercise_edition(path))
     assert exercises.dumps(exercises.inject(edition, solution, path.name)) == path.read_text()
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
 def test_everything_but_the_exercises_is_identical(path):
-    solution, edition = load(path), load(exercises.EXERCISES / path.name)
+    solution, edition = load(path), load(tracks.exercise_edition(path))
     kept = solution_cells_without_prompts(edition)
     assert len(kept) == len(solution["cells"])
     marked = 0
@@ -77,8 +79,9 @@ def test_everything_but_the_exercises_is_identical(path):
             marked += 1
             assert "raise NotImplementedError(" in text(ours)
             continue
-        if theirs["cell_type"] == "markdown":
-            assert text(ours) == text(theirs).replace("](../", "](../../")
+        if theirs["cell_type"] == "markdown":  # links out of the folder, and to the seeds'
+            relinked = text(theirs).replace("](../", "](../../")
+            assert text(ours) == relinked.replace("](tf/", "](../tf/exercises/")
         else:
             assert text(ours) == text(theirs)  # install, parameters and check cells too
     prompts = len(edition["cells"]) - len(kept)
@@ -119,7 +122,7 @@ def test_tasks_and_hints_render_as_written(path):
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
 def test_every_stub_fails_loudly_with_its_id(path):
-    edition = load(exercises.EXERCISES / path.name)
+    edition = load(tracks.exercise_edition(path))
     stubs = [
         line
         for cell in edition["cells"]
@@ -137,9 +140,9 @@ def test_every_stub_fails_loudly_with_its_id(path):
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
 def test_exercise_edition_title_badges_and_links(path):
-    edition = load(exercises.EXERCISES / path.name)
+    edition = load(tracks.exercise_edition(path))
     title = text(edition["cells"][0])
-    colab, kaggle = readme.badges(f"notebooks/exercises/{path.name}")
+    colab, kaggle = readme.badges(tracks.repo_path(tracks.exercise_edition(path)))
     assert f"({colab})" in title and f"({kaggle})" in title
     assert f"](../{path.name})" in title
     for cell in edition["cells"]:
@@ -147,14 +150,15 @@ def test_exercise_edition_title_badges_and_links(path):
             continue
         for target in re.findall(r"\]\(([^)#]+)\)", text(cell)):
             if "://" not in target:
-                assert (exercises.EXERCISES / target).resolve().exists(), (path.name, target)
+                linked = tracks.exercise_edition(path).parent / target
+                assert linked.resolve().exists(), (path.name, target)
 
 
 def test_readme_links_both_editions():
     current = (ROOT / "README.md").read_text()
     for path in SOLUTIONS:
-        assert f"(notebooks/{path.name})" in current
-        assert f"(notebooks/exercises/{path.name})" in current
+        assert f"({tracks.repo_path(path)})" in current
+        assert f"({tracks.repo_path(tracks.exercise_edition(path))})" in current
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)
@@ -164,7 +168,7 @@ def test_lesson_header_and_key_points(path):
     for part in ("**Objectives**", "**Prerequisites**", "**Time**"):
         assert part in header, (path.name, part)
     assert re.search(r"\d+ min teaching, \d+ min exercises", header)
-    assert f"tests/params/{path.stem}.yaml" in header
+    assert tracks.repo_path(tracks.params_file(path)) in header
     # one running time, measured, said once: not in the title cell, no estimate beside it
     running = re.findall(r"Running it: (\d+) s on a 2-core CPU", header)
     assert len(running) == 1 and "estimate" not in header, (path.name, header)
@@ -241,7 +245,7 @@ def exercise_runs(fixtures_dir, tmp_path_factory):
                     )
                 )
             )
-            command = [sys.executable, "-m", "papermill", str(exercises.EXERCISES / path.name)]
+            command = [sys.executable, "-m", "papermill", str(tracks.exercise_edition(path))]
             command += [str(out / path.name), "-f", str(params), "-k", "python3"]
             command += ["--cwd", str(out), "--no-progress-bar"]
             running[path.name] = subprocess.Popen(

@@ -13,8 +13,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import readme  # noqa: E402
 import run_notebooks  # noqa: E402
+import tracks  # noqa: E402
 
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = tracks.solutions()
+EXERCISE_EDITIONS = [tracks.exercise_edition(p) for p in NOTEBOOKS]
 
 
 def load(path):
@@ -25,9 +27,19 @@ def source(cell):
     return "".join(cell["source"])
 
 
-def test_there_are_notebooks():
-    assert [p.name[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(len(NOTEBOOKS))]
-    assert len(NOTEBOOKS) >= 1
+def test_each_track_numbers_its_lessons_once_and_runs_on_its_engine():
+    """The main track (notebooks/) on Keras 3 and JAX, the seeds' track (notebooks/tf/) on
+    the TF engine; a lesson's number is the same on both (01 is text classification)."""
+    for folder, engine in ((tracks.MAIN, "keras3"), (tracks.SEEDS, "tf")):
+        paths = tracks.solutions(folder)
+        numbers = [p.name[:2] for p in paths]
+        assert len(paths) >= 1 and len(set(numbers)) == len(numbers), numbers
+        assert {run_notebooks.engine_of(p) for p in paths} == {engine}, folder
+    seeds = {p.name[:2]: p.name for p in tracks.solutions(tracks.SEEDS)}
+    for path in tracks.solutions(tracks.MAIN):
+        if path.name[:2] in seeds:
+            lesson = seeds[path.name[:2]].removesuffix(".ipynb").split("_", 1)[1]
+            assert lesson.split("_")[0] in path.name, (path.name, seeds[path.name[:2]])
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -110,7 +122,7 @@ def test_lesson_cells_are_short_enough_to_read_at_once(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_badges_point_at_this_notebook(path):
     first = source(load(path)["cells"][0])
-    colab, kaggle = readme.badges(f"notebooks/{path.name}")
+    colab, kaggle = readme.badges(tracks.repo_path(path))
     assert f"({colab})" in first and f"({kaggle})" in first
 
 
@@ -145,14 +157,14 @@ def test_importing_tpu_helpers_loads_nothing_an_install_plan_changes():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_has_cpu_parameters(path):
-    assert (ROOT / "tests" / "params" / f"{path.stem}.yaml").exists()
+    assert tracks.params_file(path).exists()
 
 
 def test_readme_table_is_generated_from_the_notebooks():
     current = (ROOT / "README.md").read_text()
     assert current == readme.render(current), "run: python tools/readme.py"
     for path in NOTEBOOKS:
-        assert f"notebooks/{path.name}" in current
+        assert f"({tracks.repo_path(path)})" in current
 
 
 def test_every_page_names_the_runtimes_tpus_as_runtime_py_does():
@@ -164,13 +176,14 @@ def test_every_page_names_the_runtimes_tpus_as_runtime_py_does():
 
     kaggle = re.search(r"v\d+[a-z]*-\d+", TPU_OFFERS["Kaggle"]).group(0)
     pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
-    pages += sorted((ROOT / "notebooks").glob("*.ipynb"))
+    pages += [*NOTEBOOKS, *EXERCISE_EDITIONS]
     for page in pages:
         text = page.read_text()
         for mention in re.findall(r"Kaggle[^.|\n]{0,60}?\bv\d+[a-z]*-\d+", text):
             assert mention.endswith(kaggle), (page.name, mention)
         assert "TPU VM v3-8" not in text, page.name
-    for page in (ROOT / "notebooks" / "00_setup_and_connect.ipynb", ROOT / "docs" / "teaching.md"):
+    setups = [p for p in NOTEBOOKS if p.name.startswith("00_")]
+    for page in (*setups, ROOT / "docs" / "teaching.md"):
         text = page.read_text()
         assert all(offer in text for offer in TPU_OFFERS.values()), page.name
 
@@ -231,7 +244,7 @@ def test_parameter_files_name_the_per_replica_batch_they_scale(path):
     batches = set(re.findall(r"^(\w*per_replica_batch) =", source(cell), re.M))
     if not batches:
         return
-    for params in sorted((ROOT / "tests" / "params").glob(f"{path.stem}*.yaml")):
+    for params in sorted(tracks.params_folder(path).glob(f"{path.stem}*.yaml")):
         written = yaml.safe_load(params.read_text())
         assert {*batches, "simulated_replicas"} <= written.keys(), params.name
 
@@ -274,7 +287,7 @@ def test_notebooks_use_only_declared_helper_names(path):
 def test_notebook_01_trains_with_model_fit_in_its_own_code():
     """The lesson in the title is on the page: ``model.fit`` on an epoch's batches, with
     the resume pieces (a restore call, a callback) a learner can carry to their own job."""
-    path = ROOT / "notebooks" / "01_text_classification_fit.ipynb"
+    path = tracks.SEEDS / "01_text_classification_fit.ipynb"
     code = "\n".join(source(c) for c in load(path)["cells"] if c["cell_type"] == "code")
     assert "model.fit(" in code and "fit_resumable(" not in code
     assert ".distribute(strategy, epoch, skip_steps=skip)" in code
@@ -284,14 +297,11 @@ def test_notebook_01_trains_with_model_fit_in_its_own_code():
 def test_notebook_02_writes_its_training_step_with_strategy_run():
     """The custom-loop lesson's step is on the page: the tape, the loss scaled to the
     global batch, strategy.run in a compiled multi-step function."""
-    path = ROOT / "notebooks" / "02_custom_training_loop.ipynb"
+    path = tracks.SEEDS / "02_custom_training_loop.ipynb"
     code = "\n".join(source(c) for c in load(path)["cells"] if c["cell_type"] == "code")
     for piece in ("tf.GradientTape()", "strategy.run(", "replica_loss(per_example, global_batch)"):
         assert piece in code, piece
     assert "train_steps=" in code and "@tf.function" in code
-
-
-EXERCISE_EDITIONS = sorted((ROOT / "notebooks" / "exercises").glob("[0-9][0-9]_*.ipynb"))
 
 
 @pytest.mark.parametrize("path", EXERCISE_EDITIONS, ids=lambda p: p.name)

@@ -1,6 +1,7 @@
 import re
 
 import nbformat
+import pytest
 
 from tpu_helpers.report import METRICS_MIME, build_report, publish_metrics
 
@@ -58,6 +59,20 @@ def test_report_collects_status_metrics_and_plots(tmp_path):
         assert (tmp_path / "report" / href).resolve().exists(), href
     rendered = (tmp_path / "01_ok.html").read_text()
     assert PNG in rendered and "jp-Notebook" in rendered
+
+
+def test_the_report_names_each_notebook_as_asked(tmp_path):
+    """Two tracks' notebooks of one number: the page tells them apart by the names given."""
+    (tmp_path / "tf").mkdir()
+    main = executed(tmp_path, "01_fit.ipynb", [])
+    seeds = executed(tmp_path / "tf", "01_fit.ipynb", [])
+    summaries = build_report(
+        [main, seeds], tmp_path / "report", render=False, names=["01_fit.ipynb", "tf/01_fit.ipynb"]
+    )
+    assert [s["name"] for s in summaries] == ["01_fit.ipynb", "tf/01_fit.ipynb"]
+    assert "id='tf/01_fit.ipynb'" in (tmp_path / "report" / "report.html").read_text()
+    with pytest.raises(ValueError, match="1 names for 2 notebooks"):
+        build_report([main, seeds], tmp_path / "report", names=["01_fit.ipynb"])
 
 
 def test_publish_metrics_prints_outside_ipython(capsys):

@@ -1,11 +1,12 @@
-"""Generate the exercise edition of every notebook from the solutions in notebooks/.
+"""Generate the exercise edition of every notebook from the solutions of both tracks.
 
-    python tools/exercises.py           # write notebooks/exercises/*.ipynb
+    python tools/exercises.py           # write notebooks/exercises/, notebooks/tf/exercises/
     python tools/exercises.py --check   # exit 1 if an exercise notebook is out of date
 
 It also writes the list of exercises into docs/teaching.md (between its markers).
 
-The notebooks in ``notebooks/`` are the complete solutions. Inside their code cells, an
+The notebooks in ``notebooks/`` and ``notebooks/tf/`` (``tracks.py``) are the complete
+solutions; each track's exercise edition is its folder's ``exercises/``. Inside their code cells, an
 exercise is a block of lines between two comments (ordinary comments, so papermill,
 nbval, nbstripout and Colab leave them alone):
 
@@ -36,9 +37,10 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SOLUTIONS = ROOT / "notebooks"
-EXERCISES = SOLUTIONS / "exercises"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tracks  # noqa: E402
+
+ROOT = tracks.ROOT
 BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN EXERCISE: (?P<title>.+?)\s*$")
 END = re.compile(r"^\s*# END EXERCISE\s*$")
 STUB_HEAD = re.compile(r"^(?P<indent>\s*)# EXERCISE (?P<id>\d\d\.\d+) · ")
@@ -289,14 +291,20 @@ def _title_cell(cell: dict, name: str, count: int) -> dict:
     )
     badge_at = next((i for i, line in enumerate(lines) if "colab-badge.svg" in line), len(lines))
     lines[badge_at:badge_at] = [note, "\n"]
-    text = "".join(lines).replace("/blob/main/notebooks/", "/blob/main/notebooks/exercises/")
+    text = re.sub(r"(/blob/main/[\w/]*?)(\d\d_[\w.]+\.ipynb)", r"\1exercises/\2", "".join(lines))
     return {**cell, "source": as_source(text.splitlines(keepends=True))}
 
 
 def _relink(lines: list[str], out_of_folder: bool) -> list[str]:
-    """Links that leave ``notebooks/`` go one level further up from the exercises."""
-    old, new = ("](../", "](../../") if out_of_folder else ("](../../", "](../")
-    return [line.replace(old, new) for line in lines]
+    """Links that leave the track's folder go one level further up from the exercises; a
+    main-track notebook's link to the seeds' track (``tf/NN_x.ipynb``) goes to that track's
+    exercise edition."""
+    pairs = [("](../", "](../../"), ("](tf/", "](../tf/exercises/")]
+    for old, new in pairs:
+        if not out_of_folder:
+            old, new = new, old
+        lines = [line.replace(old, new) for line in lines]
+    return lines
 
 
 def generate(notebook: dict, name: str) -> dict:
@@ -362,13 +370,13 @@ def dumps(notebook: dict) -> str:
 
 
 def solution_paths() -> list[Path]:
-    return sorted(SOLUTIONS.glob("[0-9][0-9]_*.ipynb"))
+    return tracks.solutions()
 
 
 def editions() -> dict[Path, str]:
     """Each exercise notebook's path and the text it must have."""
     return {
-        EXERCISES / path.name: dumps(generate(json.loads(path.read_text()), path.name))
+        tracks.exercise_edition(path): dumps(generate(json.loads(path.read_text()), path.name))
         for path in solution_paths()
     }
 
@@ -387,7 +395,8 @@ def exercise_table() -> str:
             checks = sorted(set(re.findall(r"workshop\.(check_\w+)", check)))
             by = ", ".join(f"`workshop.{c}`" for c in checks) or "assertions"
             task = sentence(exercise.task)
-            link = f"[{exercise.id} · {exercise.title}](../notebooks/exercises/{path.name})"
+            edition = tracks.repo_path(tracks.exercise_edition(path))
+            link = f"[{exercise.id} · {exercise.title}](../{edition})"
             out.append(f"| {link} | {task} | {by} |")
     return "\n".join(out)
 
@@ -403,12 +412,14 @@ def main(argv: list[str]) -> int:
     wanted_page = teaching_page()
     page_stale = TEACHING.read_text() != wanted_page
     stale = [p for p, text in wanted.items() if not p.exists() or p.read_text() != text]
-    extra = sorted(set(EXERCISES.glob("*.ipynb")) - set(wanted))
+    folders = [folder / "exercises" for folder in tracks.FOLDERS]
+    extra = sorted({p for f in folders for p in f.glob("*.ipynb")} - set(wanted))
     if "--check" in argv:
         for path in stale + extra + ([TEACHING] if page_stale else []):
             print(f"{path.relative_to(ROOT)} is out of date: run python tools/exercises.py")
         return 1 if stale or extra or page_stale else 0
-    EXERCISES.mkdir(exist_ok=True)
+    for folder in folders:
+        folder.mkdir(exist_ok=True)
     for path in stale:
         path.write_text(wanted[path])
         print(f"wrote {path.relative_to(ROOT)}")

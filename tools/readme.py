@@ -16,7 +16,10 @@ from pathlib import Path
 
 import tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tracks  # noqa: E402
+
+ROOT = tracks.ROOT
 START, END = "<!-- notebooks:start -->", "<!-- notebooks:end -->"
 
 
@@ -26,7 +29,7 @@ def repo_url() -> str:
 
 
 def badges(notebook_path: str, url: str | None = None) -> tuple[str, str]:
-    """Open-in-Colab and Open-in-Kaggle links for ``notebooks/NN_x.ipynb``."""
+    """Open-in-Colab and Open-in-Kaggle links for a notebook (its path in the repository)."""
     url = url or repo_url()
     github = url.removeprefix("https://github.com/")
     colab = f"https://colab.research.google.com/github/{github}/blob/main/{notebook_path}"
@@ -34,28 +37,45 @@ def badges(notebook_path: str, url: str | None = None) -> tuple[str, str]:
     return colab, kaggle
 
 
-def notebook_rows() -> list[tuple[str, str, str]]:
-    """(path, title, one-line summary) per notebook, from its first markdown cell."""
+def notebook_rows(folder: Path) -> list[tuple[str, str, str]]:
+    """(path, title, one-line summary) per notebook of a track, from its first markdown cell."""
     rows = []
-    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+    for path in tracks.solutions(folder):
         first = json.loads(path.read_text())["cells"][0]
         lines = [line.strip() for line in "".join(first["source"]).splitlines() if line.strip()]
         title = re.sub(r"^#\s*", "", lines[0])
-        rows.append((f"notebooks/{path.name}", title, lines[1]))
+        rows.append((tracks.repo_path(path), title, lines[1]))
     return rows
 
 
 def table() -> str:
-    """One row per notebook: the solution and its exercise edition (notebooks/exercises/,
-    written by tools/exercises.py), each with its Colab link (the notebooks' first cells
-    carry the Colab and Kaggle buttons)."""
-    out = ["| notebook | exercise edition |", "|---|---|"]
-    for path, title, _ in notebook_rows():
-        exercises = path.replace("notebooks/", "notebooks/exercises/", 1)
+    """The main track's notebooks, then the seeds' track's, one row each: the solution and
+    its exercise edition (written by tools/exercises.py). The main track's rows carry their
+    Colab links (the first cells carry the Colab and Kaggle buttons); the seeds' track does
+    not run on Colab's or Kaggle's TPUs."""
+    out = [
+        "**Main track**: Keras 3, KerasHub and JAX, as Colab's and Kaggle's TPU runtimes ship them.",
+        "",
+        "| notebook | exercise edition |",
+        "|---|---|",
+    ]
+    for path, title, _ in notebook_rows(tracks.MAIN):
+        exercises = tracks.repo_path(tracks.exercise_edition(tracks.ROOT / path))
         out.append(
             f"| [{title}]({path}) ([Colab]({badges(path)[0]})) |"
             f" [exercises]({exercises}) ([Colab]({badges(exercises)[0]})) |"
         )
+    out += [
+        "",
+        "**The seeds' track** (`notebooks/tf/`): the same lessons on the TF engine (TensorFlow,"
+        " tf-keras, `TPUStrategy`), for a Cloud TPU VM with a TensorFlow image, a CPU or a GPU.",
+        "",
+        "| notebook | exercise edition |",
+        "|---|---|",
+    ]
+    for path, title, _ in notebook_rows(tracks.SEEDS):
+        exercises = tracks.repo_path(tracks.exercise_edition(tracks.ROOT / path))
+        out.append(f"| [{title}]({path}) | [exercises]({exercises}) |")
     return "\n".join(out)
 
 

@@ -8,13 +8,16 @@
     python tools/run_notebooks.py --exercises --prepare-only --out workshop
                                     # the exercise edition, with the offline parameters
 
-A notebook runs on one engine (``engine_of``): the TF engine (00-07, 09) or the Keras 3 one (08,
-metadata ``tpu_helpers.engine``). A run takes the notebooks of the engine this environment
-favours (``runtime.choose_engine``), or of ``--engine``; ``tools/run.sh`` runs each
-environment in turn and ``--report-all`` writes one report of every executed notebook.
+A notebook runs on one engine (``engine_of``, its metadata ``tpu_helpers.engine``): the main
+track (``notebooks/``) on Keras 3 and JAX, the seeds' track (``notebooks/tf/``) on the TF engine
+(``tracks.py``). A run takes the notebooks of the engine this environment favours
+(``runtime.choose_engine``), or of ``--engine``; the seeds' track is written to ``OUT/tf/``.
+``tools/run.sh`` runs each environment in turn and ``--report-all`` writes one report of every
+executed notebook.
 
-Parameters come from ``tests/params/<notebook stem>.yaml``, and a notebook runs once more for
-each ``tests/params/<notebook stem>.<variant>.yaml`` (written to ``<stem>.<variant>.ipynb``);
+Parameters come from ``<params>/<notebook stem>.yaml`` (``tests/params/``, ``tests/params/tf/``
+for the seeds' track), and a notebook runs once more for each
+``<params>/<notebook stem>.<variant>.yaml`` (written to ``<stem>.<variant>.ipynb``);
 ``${FIXTURES}`` and ``${OUTPUTS}`` in their values become absolute paths (see
 ``notebook_parameters``). The fixtures are built first (cached).
 
@@ -41,9 +44,12 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ROOT / "notebooks"
-PARAMS = ROOT / "tests" / "params"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tracks  # noqa: E402
+
+ROOT = tracks.ROOT
+#: Each engine's notebooks.
+FOLDERS = {"keras3": tracks.MAIN, "tf": tracks.SEEDS}
 
 
 def engine_of(notebook: Path) -> str:
@@ -59,10 +65,10 @@ def runs_of(notebook: Path) -> list[tuple[str, Path]]:
     """``(run name, parameter file)`` per run of a notebook: ``<stem>.yaml`` (run name
     ``<stem>``), then each variant ``<stem>.<variant>.yaml`` (run ``<stem>.<variant>``),
     the same notebook with other parameters (notebook 01 on sentence pairs, say)."""
-    path = PARAMS / f"{notebook.stem}.yaml"
+    path = tracks.params_file(notebook)
     if not path.exists():
         raise SystemExit(f"{path} is missing: every notebook needs CPU parameters there.")
-    variants = sorted(PARAMS.glob(f"{notebook.stem}.*.yaml"))
+    variants = sorted(path.parent.glob(f"{notebook.stem}.*.yaml"))
     return [(p.name.removesuffix(".yaml"), p) for p in [path, *variants]]
 
 
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         help="a prefix of the runs' names (01, 01_text_classification_fit.pairs)",
     )
     parser.add_argument(
-        "--exercises", action="store_true", help="the exercise edition (notebooks/exercises)"
+        "--exercises", action="store_true", help="the exercise edition (the track's exercises/)"
     )
     parser.add_argument(
         "--no-variants", action="store_true", help="only <stem>.yaml, not <stem>.<variant>.yaml"
@@ -204,12 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     engine = args.engine or choose_engine(detect_runtime()).engine
 
     build = Path(args.build).resolve()
-    out = Path(args.out).resolve() if args.out else build / "notebooks"
+    top = Path(args.out).resolve() if args.out else build / "notebooks"
+    out = top / "tf" if engine == "tf" else top  # the seeds' track beside the main one
     out.mkdir(parents=True, exist_ok=True)
     build_fixtures(build / "fixtures")
 
-    source = NOTEBOOKS / "exercises" if args.exercises else NOTEBOOKS
-    notebooks = [nb for nb in sorted(source.glob("[0-9][0-9]_*.ipynb")) if engine_of(nb) == engine]
+    source = FOLDERS[engine] / "exercises" if args.exercises else FOLDERS[engine]
+    notebooks = [nb for nb in sorted(source.glob(tracks.PATTERN)) if engine_of(nb) == engine]
     if not args.prepare_only:  # a fresh run: nothing resumes an earlier run's checkpoints
         for nb in notebooks:  # (what other engines' notebooks wrote stays)
             for old in (out / "outputs").glob(f"{nb.name[:2]}_*"):
@@ -238,8 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     failed = [path.name for path, error in zip(executed, errors, strict=True) if error]
     if not args.prepare_only:
         print(f"all {len(runs)} runs: {time.time() - start:.0f} s, {jobs} at a time", flush=True)
-        reported = sorted(out.glob("[0-9][0-9]_*.ipynb")) if args.report_all else executed
-        summaries = build_report(reported, build / "report", title="Notebooks on CPU (offline)")
+        reported = tracks.executed(top) if args.report_all else executed
+        summaries = build_report(
+            reported,
+            build / "report",
+            title="Notebooks on CPU (offline)",
+            names=[path.relative_to(top).as_posix() for path in reported],
+        )
         for s in summaries:
             print(
                 f"  {s['name']}: {s['status']}, "

@@ -151,18 +151,24 @@ def build_report(
     out_dir: str | os.PathLike,
     title: str = "Notebook run",
     render: bool = True,
+    names: Sequence[str] | None = None,
 ) -> list[dict]:
     """Write ``out_dir/report.html`` and ``out_dir/report.json``; return the summaries.
 
     With ``render``, each notebook is rendered to HTML beside it and the page links that
-    (and the ``.ipynb``) by paths relative to ``out_dir``.
+    (and the ``.ipynb``) by paths relative to ``out_dir``. ``names``: what the page calls
+    each notebook (default its file name; ``tf/01_x.ipynb`` tells two tracks' 01 apart).
     """
     if isinstance(notebooks, (str, os.PathLike)):
         raise TypeError(
             f"notebooks={str(notebooks)!r} is one path; build_report takes a list of them."
             f" Fix: build_report([{str(notebooks)!r}], out_dir)."
         )
+    if names is not None and len(names) != len(notebooks):
+        raise ValueError(f"{len(names)} names for {len(notebooks)} notebooks: give one each.")
     summaries = [summarize_notebook(p) for p in notebooks]
+    for summary, name in zip(summaries, names or [], strict=False):
+        summary["name"] = name
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for summary, path in zip(summaries, notebooks, strict=True):
