@@ -110,6 +110,12 @@ def test_libtpu_range_edges(version, ok):
         ("legacy keras", facts(legacy_flag=None), "TF_USE_LEGACY_KERAS"),
         ("legacy keras", facts(keras_module="keras.src.models.model"), "restart"),
         ("tpu devices", facts("tpu", device_types=("CPU",)), "tensorflow-tpu"),
+        # Colab's v5e with tensorflow-tpu 2.20: reinstalling it cannot help; the main track
+        (
+            "tpu devices",
+            facts("tpu", TPU_VERSIONS, device_types=("CPU",)),
+            "open the main track, notebooks/NN_*.ipynb",
+        ),
         ("libtpu", facts("tpu", dict(TPU_VERSIONS, libtpu="0.0.52")), "libtpu==0.0.20"),
         (
             "libtpu",

@@ -42,14 +42,14 @@ def test_each_track_numbers_its_lessons_once_and_runs_on_its_engine():
             assert lesson.split("_")[0] in path.name, (path.name, seeds[path.name[:2]])
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=tracks.repo_path)
 def test_committed_without_outputs(path):
     for cell in load(path)["cells"]:
         if cell["cell_type"] == "code":
             assert cell["outputs"] == [] and cell["execution_count"] is None, source(cell)[:80]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=tracks.repo_path)
 def test_one_parameters_cell_and_language_metadata(path):
     nb = load(path)
     tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
@@ -79,7 +79,7 @@ def is_check(node) -> bool:
     return False
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=tracks.repo_path)
 def test_each_cells_checks_come_last_under_one_comment(path):
     """What a notebook asserts, and the figures it publishes for the run report, end their
     cell under one ``# Checks`` line, so the lesson reads without them; an exercise's own
@@ -107,7 +107,7 @@ def test_each_cells_checks_come_last_under_one_comment(path):
 LESSON_LINES = 25
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=tracks.repo_path)
 def test_lesson_cells_are_short_enough_to_read_at_once(path):
     """A code cell's lesson, the lines above its ``# Checks`` line, is at most 25 lines: a
     longer one is two steps, each with its own sentence. The parameters cell is a form."""
@@ -119,14 +119,14 @@ def test_lesson_cells_are_short_enough_to_read_at_once(path):
         assert len(lesson) <= LESSON_LINES, f"cell {index}: {len(lesson)} lines\n{lesson[0]}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=tracks.repo_path)
 def test_badges_point_at_this_notebook(path):
     first = source(load(path)["cells"][0])
     colab, kaggle = readme.badges(tracks.repo_path(path))
     assert f"({colab})" in first and f"({kaggle})" in first
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=tracks.repo_path)
 def test_install_cell_is_the_shared_one(path):
     code = [c for c in load(path)["cells"] if c["cell_type"] == "code"]
     install = source(code[0])
@@ -136,7 +136,7 @@ def test_install_cell_is_the_shared_one(path):
     assert '"google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ' in install
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=tracks.repo_path)
 def test_the_install_cell_runs_before_anything_it_may_change_is_imported(path):
     """A package the install cell replaces after it was imported needs a runtime restart:
     the cell comes first and imports nothing but ``tpu_helpers`` and the standard library
@@ -155,7 +155,7 @@ def test_importing_tpu_helpers_loads_nothing_an_install_plan_changes():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=tracks.repo_path)
 def test_has_cpu_parameters(path):
     assert tracks.params_file(path).exists()
 
@@ -191,7 +191,7 @@ def test_every_page_names_the_runtimes_tpus_as_runtime_py_does():
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=tracks.repo_path)
 def test_relative_links_of_the_pages_resolve(page):
     """Every link to a file of the repository (and to a heading of a page) leads there."""
     import re
@@ -217,7 +217,7 @@ def test_the_readme_is_a_first_page():
         assert heading in text
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=tracks.repo_path)
 def test_checkpoints_load_through_hub_and_bfloat16_applies_where_asked(path):
     """``TFAuto*.from_pretrained`` stops on the PyTorch-named safetensors of nearly every hub
     checkpoint, and transformers 4's ``AutoTokenizer`` on the tokenizer files transformers
@@ -232,7 +232,7 @@ def test_checkpoints_load_through_hub_and_bfloat16_applies_where_asked(path):
             assert line.split("#")[0].strip() == "if mixed_bfloat16:", line
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=tracks.repo_path)
 def test_parameter_files_name_the_per_replica_batch_they_scale(path):
     """``run_notebooks --replicas N`` keeps a run's global batch, per_replica_batch x
     simulated_replicas as its parameter file gives them: both must be written there."""
@@ -269,7 +269,7 @@ def _helper_names_used(code: str) -> set[tuple[str, str]]:
     return used
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=tracks.repo_path)
 def test_notebooks_use_only_declared_helper_names(path):
     """What a notebook takes from tpu_helpers is each module's public interface (``__all__``),
     so that a reader finds it declared where it lives."""
@@ -304,7 +304,7 @@ def test_notebook_02_writes_its_training_step_with_strategy_run():
     assert "train_steps=" in code and "@tf.function" in code
 
 
-@pytest.mark.parametrize("path", EXERCISE_EDITIONS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", EXERCISE_EDITIONS, ids=tracks.repo_path)
 def test_no_stub_holds_its_hint_or_imports_a_helper_function(path):
     """The learner makes the decision: a stub cell shows the task, not the hint (that is
     folded in the cell before), and imports no function of tpu_helpers (one could compute
@@ -323,7 +323,7 @@ def test_no_stub_holds_its_hint_or_imports_a_helper_function(path):
 CHECKS_HEAD = "# The checks: what the run must reach"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=tracks.repo_path)
 def test_the_checks_thresholds_are_a_parameter_group_of_their_own(path):
     """A threshold a check asserts (``min_*_gain``, ``max_*_ratio``) is not a setting of the
     run: it sits after the run's parameters, under its own heading."""
@@ -338,3 +338,10 @@ def test_the_checks_thresholds_are_a_parameter_group_of_their_own(path):
         return
     head = next(i for i, line in enumerate(lines) if line.startswith(CHECKS_HEAD))
     assert thresholds == list(range(head + 1, len(lines))), lines[head:]
+
+
+def test_the_errors_that_send_a_learner_to_the_main_track_name_notebooks_that_exist():
+    from tpu_helpers.runtime import MAIN_TRACK
+
+    named = re.findall(r"notebooks/[\w./]+\.ipynb", MAIN_TRACK)
+    assert named and all((ROOT / path).exists() for path in named), named

@@ -121,6 +121,24 @@ def test_unresolvable_tpu_names_what_was_tried():
     assert "Fix:" in out
 
 
+def test_a_tpu_tensorflow_cannot_drive_sends_the_learner_to_the_main_track():
+    """Colab's v5e with tensorflow-tpu 2.20: TensorFlow finds no kernel for the TPU's ops."""
+    from tpu_helpers.strategy import connection_failed
+
+    colab = (
+        "  'local': NotFoundError: No OpKernel was registered to support Op"
+        " 'ConfigureDistributedTPU' used by {{node ConfigureDistributedTPU}} with these attrs:"
+        " [...] Registered devices: [CPU]"
+    )
+    message = connection_failed([colab])
+    assert colab in message
+    assert "cannot drive this TPU" in message
+    assert "notebooks/00_setup_and_connect.ipynb" in message and "Keras 3" in message
+    assert "pass tpu='local'" not in message  # already done: no loop back to it
+    other = connection_failed(["  'my-tpu': NotFoundError: TPU my-tpu not found"])
+    assert "pass tpu='local'" in other and "notebooks/00_setup_and_connect.ipynb" in other
+
+
 def test_an_address_that_never_answers_fails_within_the_deadline():
     import socket
     import threading

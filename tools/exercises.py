@@ -392,8 +392,8 @@ def exercise_table() -> str:
                 for c in notebook["cells"][index + 1 :]
                 if c["cell_type"] == "code"
             )
-            checks = sorted(set(re.findall(r"workshop\.(check_\w+)", check)))
-            by = ", ".join(f"`workshop.{c}`" for c in checks) or "assertions"
+            checks = sorted(set(re.findall(r"(workshop(?:_jax)?\.check_\w+)", check)))
+            by = ", ".join(f"`{c}`" for c in checks) or "assertions"
             task = sentence(exercise.task)
             edition = tracks.repo_path(tracks.exercise_edition(path))
             link = f"[{exercise.id} · {exercise.title}](../{edition})"

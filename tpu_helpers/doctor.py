@@ -19,6 +19,7 @@ from tpu_helpers.runtime import (
     KERAS_HUB_PIN,
     LIBTPU_KNOWN_GOOD,
     LIBTPU_PIN,
+    MAIN_TRACK,
     TENSORFLOW_TPU_PIN,
     TRANSFORMERS_PIN,
     RuntimeFacts,
@@ -176,13 +177,23 @@ def tpu_visible_check(f: DoctorFacts) -> Check:
         return Check("tpu devices", PASS, f"not a TPU runtime ({f.runtime.accelerator})")
     if "TPU" in f.device_types:
         return Check("tpu devices", PASS, "TPU devices visible")
+    listed = sorted(set(f.device_types)) or "no"
+    if f.runtime.tensorflow_build == "tensorflow-tpu":  # Colab's and Kaggle's v5e and v6e
+        return Check(
+            "tpu devices",
+            FAIL,
+            f"a TPU runtime, and tensorflow-tpu {f.runtime.tensorflow_version} lists only"
+            f" {listed} devices: no public tensorflow-tpu build finds a v5e or v6e chip",
+            f"open {MAIN_TRACK} (this TPU's runtime drives it with JAX)",
+        )
     return Check(
         "tpu devices",
         FAIL,
         f"a TPU runtime, but TensorFlow ({f.runtime.tensorflow_build}) lists only"
-        f" {sorted(set(f.device_types)) or 'no'} devices: a CPU-only build",
+        f" {listed} devices: a CPU-only build",
         f"pip uninstall -y tensorflow tensorflow-cpu && pip install {TENSORFLOW_TPU_PIN}"
-        f" {LIBTPU_PIN}; then restart the runtime",
+        f" {LIBTPU_PIN}; then restart the runtime; on Colab's and Kaggle's TPUs, open"
+        f" {MAIN_TRACK} instead",
     )
 
 

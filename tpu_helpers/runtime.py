@@ -31,6 +31,7 @@ __all__ = [
     "PROFILE_PLUGIN_PIN",
     "LIBTPU_KNOWN_GOOD",
     "TPU_OFFERS",
+    "MAIN_TRACK",
     "RuntimeFacts",
     "minor",
     "release",
@@ -139,6 +140,13 @@ ENGINES = ("tf", "keras3")
 #: The TPUs each hosted runtime offers, as its menu names them (checked 2025-09). Notebook
 #: 00 and docs/teaching.md quote these words, and every page that names Kaggle's chip must
 #: name this one (tests/test_notebooks_static.py). Colab's free tier is one v5e chip.
+#: Where errors send a learner whose TPU TensorFlow cannot drive: the main track: the same lessons on Keras 3 and the JAX a TPU runtime ships.
+MAIN_TRACK = (
+    "the main track, notebooks/NN_*.ipynb of the same lesson number (setup:"
+    " notebooks/00_setup_and_connect.ipynb) at https://github.com/tpu-transformers/"
+    "tpu-transformers-notebooks, on Keras 3 and the runtime's own JAX"
+)
+
 TPU_OFFERS = {
     "Colab": "v5e-1 (free tier, 1 replica), v6e-1, v2-8 where still offered",
     "Kaggle": "TPU v5e-8 (8 replicas)",

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from tpu_helpers._env import distribution_version
 from tpu_helpers.checks import first_line
 from tpu_helpers.errors import TpuHelpersError
-from tpu_helpers.runtime import RuntimeFacts, detect_runtime
+from tpu_helpers.runtime import MAIN_TRACK, RuntimeFacts, detect_runtime
 
 __all__ = [
     "TPUConnectionError",
@@ -26,6 +26,7 @@ __all__ = [
     "connect",
     "describe",
     "replica_sum",
+    "connection_failed",
 ]
 
 # The TPU system may be initialised once per process; TensorFlow forces this global on us.
@@ -134,13 +135,30 @@ def _connect_tpu(names: list[str], timeout: float = 600.0):
         strategy = tf.distribute.TPUStrategy(resolver)
         _TPU_STRATEGIES[name] = strategy
         return strategy
-    raise TPUConnectionError(
-        "Could not connect to a TPU. Tried:\n"
-        + "\n".join(errors)
-        + "\nFix: on a TPU VM pass tpu='local'; for a named TPU or pod slice pass its name"
-        " (or set TPU_NAME) and run in the same zone and project; on Colab/Kaggle pick"
+    raise TPUConnectionError(connection_failed(errors))
+
+
+#: What TensorFlow says on a TPU it has no kernels for: Colab's v5e and v6e runtimes with
+#: tensorflow-tpu 2.19 or 2.20 (tensorflow/tensorflow#96203), Kaggle's with its libtpu.
+TF_CANNOT_DRIVE_THIS_TPU = ("ConfigureDistributedTPU", "No OpKernel was registered")
+
+
+def connection_failed(errors: list[str]) -> str:
+    """What ``connect`` says when no TPU name worked: each name's error, then the fix; when
+    TensorFlow has no kernels for this TPU (Colab's and Kaggle's v5e/v6e), the main track."""
+    tried = "Could not connect to a TPU. Tried:\n" + "\n".join(errors)
+    if any(sign in line for line in errors for sign in TF_CANNOT_DRIVE_THIS_TPU):
+        return (
+            f"{tried}\nThis TensorFlow cannot drive this TPU: no public tensorflow-tpu build"
+            " finds a v5e or v6e chip, and Colab's and Kaggle's TPU runtimes now run JAX. Fix:"
+            f" open {MAIN_TRACK}; this notebook (the seeds' track) runs on a Cloud TPU VM with"
+            " a TensorFlow image, a GPU or a CPU."
+        )
+    return (
+        f"{tried}\nFix: on a TPU VM pass tpu='local'; for a named TPU or pod slice pass its"
+        " name (or set TPU_NAME) and run in the same zone and project; on Colab/Kaggle pick"
         " Runtime -> Change runtime type -> TPU. If TensorFlow is a CPU-only build, run"
-        " `python -m tpu_helpers doctor`."
+        f" `python -m tpu_helpers doctor`. On Colab's and Kaggle's TPUs, open {MAIN_TRACK}."
     )
 
 
