@@ -7,18 +7,19 @@
 #   bash tools/test.sh --stack tpu -k records    # further arguments go to pytest
 #
 # The legs (environments in tools/env.sh):
-#   cpu     the TF engine on the pinned CPU stack: every unit test, every notebook.
+#   cpu     the TF engine on the pinned CPU stack: every unit test, every notebook of the seeds'
+#           track (notebooks/tf/).
 #   tpu     the TF engine with tensorflow-tpu and libtpu, put there by the TF notebooks'
 #           install plan (a TPU VM can run it; Colab's TPU runtime no longer ships
 #           TensorFlow): what proves that plan and that stack (the plan's dry runs, the
 #           doctor, connecting, the simulated pod slice) and notebooks 00 and 01 at eight
 #           replicas in bfloat16; the other notebooks and unit tests run on the CPU leg.
 #   keras3  the Keras 3 engine on a stack shaped like Kaggle's TPU image (Python 3.12, JAX
-#           0.10): its tests at eight devices (a v5e-8), notebook 08 at one.
+#           0.10): its tests at eight devices (a v5e-8), the main track's notebooks
+#           (notebooks/) at one, its lessons also at eight.
 #   colab   the Keras 3 engine on a stack shaped like Colab's TPU runtime as it ships
 #           (Python 3.13, JAX 0.7.2, Keras 3.13.2 before the install cell, transformers
-#           5.15, no TensorFlow, no PyTorch): its tests at eight devices, notebook 08 at
-#           one (Colab's free v5e-1).
+#           5.15, no TensorFlow, no PyTorch): the same as the keras3 leg.
 #
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -120,29 +121,40 @@ tf_tpu_leg() {
 # the TF engine's numbers in the fixtures, at eight devices, kill and resume included), the
 # engine choice and install plans, the image preprocessing read without PyTorch, and
 # notebook 08 cell by cell in bfloat16 (its default) at one device (Colab's free v5e-1).
-# Notebook 08 at eight devices lost its kernel in its records-training cell in two of four
-# CI rehearsals on the Kaggle-shaped leg (2026-12-04; passed alone, and beside the Colab
-# leg's notebook, on both stacks): it runs at one here until that is understood. The keras3
-# leg also runs the exercise edition of notebook 08 to its first stub. They run beside the TensorFlow legs at the lowest
+# The main track's notebooks all run at one device (Colab's free v5e-1); its lessons
+# (MAIN_AT_EIGHT) at eight too (Kaggle's v5e-8), in a second run of pytest without the
+# leg's compilation cache. Notebook 08 at eight devices lost its kernel in its
+# records-training cell in two of four CI rehearsals on the Kaggle-shaped leg (2026-12-04;
+# passed alone, and beside the Colab leg's notebook, on both stacks), with that cache: it
+# runs at one here until that is understood. The keras3 leg also runs the main track's
+# exercise editions to their first stubs. They run beside the TensorFlow legs at the lowest
 # priority: the TensorFlow legs leave a core idle for minutes at a time (single-threaded
 # tracing and compiling), which these take. (Their environments were made in the legs
 # too, at that priority, until two of them took 14 minutes there on 2026-12-04.) JAX's
 # persistent compilation cache lives for the leg (the text part's compilations serve the
 # records part: 162 s to 100 s for notebook 08). A cell may take 300 s (the longest took 25
 # s alone): a kernel that dies mid-cell is reported after that, not after 15 minutes.
+MAIN_AT_EIGHT=(00)  # the main track's lessons run at eight devices on the Keras 3 legs
 keras3_leg() {
-  local stack="$1" more=()
+  local stack="$1" more=() only=() n
   shift
   if [ "$stack" = keras3 ]; then
     more=(tests/test_exercises.py)
   fi
+  for n in "${MAIN_AT_EIGHT[@]}"; do only+=(--only "$n"); done
   export JAX_COMPILATION_CACHE_DIR="$PWD/build/jax-cache-$stack"
-  rm -rf "$JAX_COMPILATION_CACHE_DIR"
+  rm -rf "$JAX_COMPILATION_CACHE_DIR" "build/nbval-$stack-8" "build/pytest-$stack-8"
   python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
     --replicas 1
-  python -m pytest tests/test_keras3.py tests/test_runtime.py "${more[@]}" \
-    "build/nbval-$stack" --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
+  python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
+    --replicas 8 "${only[@]}"
+  python -m pytest tests/test_keras3.py tests/test_runtime.py tests/test_workshop_jax.py \
+    "${more[@]}" "build/nbval-$stack" --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
     -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@"
+  # at eight devices without the shared compilation cache (see above)
+  env -u JAX_COMPILATION_CACHE_DIR python -m pytest "build/nbval-$stack-8" --nbval-lax \
+    --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider \
+    --basetemp "build/pytest-$stack-8" --durations=5 "$@"
 }
 
 # side_by_side STEP NAME [ARGS]: STEP "$stack" [ARGS] for every stack of run_stacks at
