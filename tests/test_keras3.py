@@ -265,7 +265,7 @@ def test_a_run_directory_of_another_plan_is_refused_before_any_step(fixtures_dir
         keras3.fit_resumable(model, from_arrays(features, ref["labels"], global_batch=8), 1, "x")
     keras3.compile_classifier(model, 1e-3)
     model.optimizer.build(model.trainable_variables)
-    saves = keras3._Saves(str(tmp_path), {"steps_per_epoch": 1, "global_batch": 8})
+    saves = keras3.RunSaves(str(tmp_path), {"steps_per_epoch": 1, "global_batch": 8})
     saves.save(model, keras3.ResumePoint(0, 1))
     other = from_arrays(features, ref["labels"], global_batch=16)  # 1 step of 16
     with pytest.raises(CheckpointMismatchError, match="global_batch was 8 there and is 16"):

@@ -345,3 +345,31 @@ def test_the_errors_that_send_a_learner_to_the_main_track_name_notebooks_that_ex
 
     named = re.findall(r"notebooks/[\w./]+\.ipynb", MAIN_TRACK)
     assert named and all((ROOT / path).exists() for path in named), named
+
+
+def test_the_main_tracks_custom_loop_writes_its_step_in_jax():
+    """Main-track 02's step is on the page: the model as a pure function, its gradient,
+    the optimizer's stateless update, several steps in one scan, a mesh, resumable saves."""
+    path = tracks.MAIN / "02_custom_training_loop.ipynb"
+    code = "\n".join(source(c) for c in load(path)["cells"] if c["cell_type"] == "code")
+    for piece in (
+        "model.stateless_call(",
+        "jax.value_and_grad(",
+        "optimizer.stateless_apply(",
+        "jax.lax.scan(",
+        "@jax.jit",
+        "Mesh(",
+        "RunSaves(",
+        "saves.restore(model)",
+    ):
+        assert piece in code, piece
+    assert "fit_resumable(" not in code and "model.fit(" not in code
+
+
+@pytest.mark.parametrize("path", tracks.solutions(tracks.MAIN), ids=tracks.repo_path)
+def test_main_track_notebooks_show_the_libraries_they_teach(path):
+    """A learner on the main track reads Keras and JAX in the notebook itself."""
+    code = "\n".join(source(c) for c in load(path)["cells"] if c["cell_type"] == "code")
+    assert re.search(r"^import keras\b", code, re.M) and "keras." in code, path.name
+    if "08_" not in path.name:
+        assert re.search(r"^import jax\b", code, re.M) and "jax." in code, path.name

@@ -1,16 +1,25 @@
 """The main track's exercise checks refuse the wrong answers a learner writes (JAX, 8
 simulated devices: the Keras 3 legs)."""
 
+import os
+
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
-jnp = jax.numpy
+if os.environ.get("STACK") in ("keras3", "colab"):
+    import keras_hub  # noqa: F401  (the Keras 3 legs must not skip these)
+else:
+    pytest.importorskip("keras_hub")
 
+from tpu_helpers import keras3, workshop_jax  # noqa: E402
+from tpu_helpers.workshop import ExerciseCheckError  # noqa: E402
+
+keras3.devices(8)  # before JAX starts: 8 simulated devices
+import jax  # noqa: E402
+import keras  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
-from tpu_helpers import workshop_jax  # noqa: E402
-from tpu_helpers.workshop import ExerciseCheckError  # noqa: E402
+jnp = jax.numpy
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +98,112 @@ def _python_if(v, w):
 def test_a_wrong_weighted_mean_is_refused(devices, wrong, message):
     with pytest.raises(ExerciseCheckError, match=message):
         workshop_jax.check_global_mean(wrong, devices)
+
+
+# --- 02: the training step and the fused steps ------------------------------------------
+def _step(model, optimizer, weighted=True, training=True, keep_seeds=False):
+    """The exercise's step, and the wrong ones a learner writes."""
+
+    def train_step(state, batch):
+        trainable, non_trainable, optimizer_variables = state
+        features, labels, weights = batch
+
+        def loss_of(trainable):
+            logits, new = model.stateless_call(
+                trainable, non_trainable, features, training=training
+            )
+            loss = model.loss(labels, logits, sample_weight=weights if weighted else None)
+            return loss, non_trainable if keep_seeds else new
+
+        (loss, new), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable)
+        trainable, optimizer_variables = optimizer.stateless_apply(
+            optimizer_variables, grads, trainable
+        )
+        return (trainable, new, optimizer_variables), loss
+
+    return train_step
+
+
+@pytest.fixture(scope="module")
+def compiled(fixtures_dir):
+    """A tiny DistilBERT compiled as notebook 02 compiles it, and a batch of 16 rows over
+    the 8 devices whose last 5 rows are weight-0 filler."""
+    model = keras3.classifier(fixtures_dir / "tiny-distilbert", num_labels=2, verbose=False)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    model.optimizer.build(model.trainable_variables)
+    assert model.non_trainable_variables, "dropout seeds, for the checks of them"
+    rng = np.random.default_rng(0)
+    features = {
+        "input_ids": rng.integers(5, 100, (16, 12)).astype("int32"),
+        "attention_mask": np.ones((16, 12), "int32"),
+    }
+    labels = rng.integers(0, 2, 16).astype("int32")
+    weights = (np.arange(16) < 11).astype("float32")
+    split = NamedSharding(Mesh(np.array(jax.devices()), ("batch",)), PartitionSpec("batch"))
+    batch = jax.device_put((features, labels, weights), split)
+    return model, batch
+
+
+def test_the_step_of_fit_written_out_passes(compiled, capsys):
+    model, batch = compiled
+    workshop_jax.check_train_step(_step(model, model.optimizer), model, batch)
+    assert "one step equals fit's on 16 rows (5 filler)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (dict(weighted=False), "the filler rows .weight 0. change the step"),
+        (dict(keep_seeds=True), "the dropout seeds did not move"),
+        (dict(training=False), "the dropout seeds did not move"),
+    ],
+    ids=["filler-rows-count", "seeds-kept", "no-dropout"],
+)
+def test_a_step_that_is_not_fits_is_refused(compiled, wrong, message):
+    model, batch = compiled
+    with pytest.raises(ExerciseCheckError, match=message):
+        workshop_jax.check_train_step(_step(model, model.optimizer, **wrong), model, batch)
+
+
+def test_a_loss_divided_by_the_real_rows_is_not_fits(compiled):
+    """fit's loss divides by the rows of the batch (the seeds' global batch), not by the
+    sum of the weights: the last batch's step would be larger."""
+    model, batch = compiled
+
+    def by_real_rows(state, batch):
+        features, labels, weights = batch
+        new, loss = _step(model, model.optimizer)(state, (features, labels, weights * 16 / 11))
+        return new, loss
+
+    with pytest.raises(ExerciseCheckError, match="differ from fit's step"):
+        workshop_jax.check_train_step(by_real_rows, model, batch)
+
+
+def test_fused_steps_equal_the_steps_one_by_one_and_wrong_fusions_are_refused(compiled, capsys):
+    model, batch = compiled
+    step = _step(model, model.optimizer)
+    state = jax.device_put(
+        workshop_jax.model_state(model),
+        NamedSharding(Mesh(np.array(jax.devices()), ("batch",)), PartitionSpec()),
+    )
+    stack = jax.tree.map(lambda a: jnp.stack([a, a, a]), batch)
+    workshop_jax.check_train_steps(
+        jax.jit(lambda s, b: jax.lax.scan(step, s, b)), step, state, stack
+    )
+    assert "3 steps in one call" in capsys.readouterr().out
+
+    def last_loss_only(state, stack):
+        new, losses = jax.lax.scan(step, state, stack)
+        return new, losses[-1]
+
+    def once(state, stack):  # the first batch only, its loss three times
+        new, loss = step(state, jax.tree.map(lambda a: a[0], stack))
+        return new, jnp.stack([loss] * 3)
+
+    with pytest.raises(ExerciseCheckError, match="one loss a step"):
+        workshop_jax.check_train_steps(last_loss_only, step, state, stack)
+    with pytest.raises(ExerciseCheckError, match="are not those of the 3 steps in order"):
+        workshop_jax.check_train_steps(once, step, state, stack)

@@ -134,7 +134,7 @@ tf_tpu_leg() {
 # persistent compilation cache lives for the leg (the text part's compilations serve the
 # records part: 162 s to 100 s for notebook 08). A cell may take 300 s (the longest took 25
 # s alone): a kernel that dies mid-cell is reported after that, not after 15 minutes.
-MAIN_AT_EIGHT=(00)  # the main track's lessons run at eight devices on the Keras 3 legs
+MAIN_AT_EIGHT=(00 02)  # the main track's lessons run at eight devices on the Keras 3 legs
 keras3_leg() {
   local stack="$1" more=() only=() n
   shift

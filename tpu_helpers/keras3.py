@@ -60,6 +60,7 @@ __all__ = [
     "HubSource",
     "save_hub_layout",
     "ResumePoint",
+    "RunSaves",
     "JaxTrainer",
     "fit_resumable",
     "evaluate",
@@ -620,11 +621,13 @@ def _state(model) -> list:
     return [*model.trainable_variables, *model.non_trainable_variables, *model.optimizer.variables]
 
 
-class _Saves:
+class RunSaves:
     """A run's saves in ``directory`` (local or ``gs://``): ``state-<epoch>-<step>.npz``
     and ``latest.json`` naming the newest, written
     after it, so a save that stops half-way is never the one resumed. The two newest
-    states are kept."""
+    states are kept. ``fit_resumable`` saves through it; so can a loop of one's own
+    (``save(model, ResumePoint(epoch, step), values)`` with the values of the model's
+    trainable, non-trainable and optimizer variables, in that order; ``restore(model)``)."""
 
     def __init__(self, directory: str, run: dict, log=print):
         self.directory, self.run, self.gfile = directory.rstrip("/"), run, _gfile()
@@ -730,7 +733,7 @@ class JaxTrainer:
     """The Keras 3 engine's side of ``engine.fit_resumable`` (the one training loop of both
     engines): each epoch through the model's ``jax_steps.Steps`` (each width compiled once,
     ``steps_per_execution`` steps fused, batches put on the devices ahead), the state in
-    ``_Saves``. Keras callbacks are called at the train's and the epochs' beginnings and
+    ``RunSaves``. Keras callbacks are called at the train's and the epochs' beginnings and
     ends, and at each call's end (``on_train_batch_end`` with the call's last step; batch
     logs are empty, so that no call waits for the devices; the epoch's logs are whole).
     The state is read from the model's variables at each epoch's start, after the
@@ -767,7 +770,7 @@ class JaxTrainer:
         self.steps = _steps_for(self.model, train, validation, where="fit_resumable")
 
     def open(self, directory: str, run: dict, epochs: int) -> tuple[int, int]:
-        self.saves, self.epochs = _Saves(directory, run, self.log), epochs
+        self.saves, self.epochs = RunSaves(directory, run, self.log), epochs
         point = self.saves.restore(self.model)
         if self.saves.latest() is None:  # the start: what a re-run after an interrupt reads
             self.saves.save(self.model, ResumePoint(0, 0))

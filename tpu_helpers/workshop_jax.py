@@ -14,7 +14,14 @@ import numpy as np
 
 from tpu_helpers.workshop import _fail, _learners, _ok
 
-__all__ = ["check_sharded_batch", "check_global_mean", "filler_batch"]
+__all__ = [
+    "check_sharded_batch",
+    "check_global_mean",
+    "filler_batch",
+    "model_state",
+    "check_train_step",
+    "check_train_steps",
+]
 
 
 def _devices_of(array) -> list:
@@ -107,3 +114,114 @@ def check_global_mean(weighted_mean: Callable, devices, exercise: str = "00.2") 
             " adds the devices' partial sums itself; a mean of each device's mean is not it.",
         )
     _ok(exercise, f"{expected:.4f} over {len(devices)} device(s), filler rows left out")
+
+
+# --- 02 ---------------------------------------------------------------------------------
+def model_state(model) -> tuple:
+    """``(trainable, non_trainable, optimizer)``: the values of a compiled model's
+    variables, in their order, the state a JAX training step takes and returns."""
+    return (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in model.optimizer.variables],
+    )
+
+
+def _fits_step(model, state, batch):
+    """The state after one step of ``fit`` (Keras' own ``train_step``) from ``state``."""
+    import jax
+
+    metrics = [np.zeros(v.shape, v.dtype) for v in model.metrics_variables]
+    _, new = jax.jit(model.train_step)((*state, metrics), batch)
+    return new[:3]
+
+
+def _differs(got, expected) -> str | None:
+    """What differs between two states (or their first parts), or None."""
+    names = ("trainable weights", "non-trainable variables (dropout seeds)", "optimizer")
+    for name, ours, theirs in zip(names, got, expected, strict=False):
+        if len(ours) != len(theirs):
+            return f"{len(ours)} {name} returned for {len(theirs)}"
+        for a, b in zip(ours, theirs, strict=True):
+            if np.shape(a) != np.shape(b) or not np.allclose(
+                np.asarray(a, "float64"), np.asarray(b, "float64"), rtol=1e-4, atol=1e-6
+            ):
+                return f"the {name} differ"
+    return None
+
+
+def check_train_step(train_step: Callable, model, batch, exercise: str = "02.1") -> None:
+    """``train_step(state, batch) -> (state, loss)`` is one step of ``fit`` on ``model``
+    (compiled with its loss and optimizer): the same new weights, dropout seeds and
+    optimizer state, a loss that is the compiled loss, weight-0 rows counting for nothing."""
+    import jax
+
+    state = model_state(model)
+    got = _learners(jax.jit(train_step), exercise, state, batch)
+    if not (isinstance(got, tuple) and len(got) == 2 and len(got[0]) == 3):
+        _fail(exercise, "train_step must return (state, loss), state as it came: 3 lists.")
+    (new, loss), expected = got, _fits_step(model, state, batch)
+    if np.shape(loss) != ():
+        _fail(exercise, f"the loss has shape {np.shape(loss)}: the batch's one number.")
+    features, labels, weights = batch
+    filler = np.asarray(weights) == 0
+    if filler.any():  # other labels on the filler rows change nothing
+        relabeled = np.where(filler, (np.asarray(labels) + 1) % 2, labels)
+        again = _learners(jax.jit(train_step), exercise, state, (features, relabeled, weights))
+        if _differs(again[0], new):
+            _fail(
+                exercise,
+                "the filler rows (weight 0) change the step: pass the batch's weights to"
+                " the loss (sample_weight=weights).",
+            )
+    if _differs(expected[1:2], state[1:2]) and not _differs(new[1:2], state[1:2]):
+        _fail(
+            exercise,
+            "the dropout seeds did not move: return the non-trainable variables that"
+            " model.stateless_call gives back (and call it with training=True).",
+        )
+    problem = _differs(new, expected)
+    if problem:
+        _fail(
+            exercise,
+            f"{problem} from fit's step: the gradient of the compiled loss (model.loss(labels, logits,"
+            " sample_weight=weights)) of stateless_call(..., training=True), applied with"
+            " optimizer.stateless_apply(optimizer_variables, grads, trainable).",
+        )
+    _ok(exercise, f"one step equals fit's on {len(labels)} rows ({int(filler.sum())} filler)")
+
+
+def check_train_steps(
+    train_steps: Callable, train_step: Callable, state, stack, exercise: str = "02.2"
+) -> None:
+    """``train_steps(state, stack) -> (state, losses)``: the steps of ``train_step`` over
+    each batch of ``stack`` (batches stacked on a new first axis) in order, in one call."""
+    import jax
+
+    count = len(jax.tree.leaves(stack)[0])
+    got = _learners(train_steps, exercise, state, stack)
+    if not (isinstance(got, tuple) and len(got) == 2):
+        _fail(exercise, "train_steps must return (state, losses), as jax.lax.scan does.")
+    new, losses = got
+    if np.shape(losses) != (count,):
+        _fail(
+            exercise,
+            f"losses has shape {np.shape(losses)} for {count} stacked batches: one loss a"
+            " step (scan stacks what each step returns).",
+        )
+    expected, expected_losses = state, []
+    step = jax.jit(train_step)
+    for index in range(count):
+        expected, loss = step(expected, jax.tree.map(lambda a, i=index: a[i], stack))
+        expected_losses.append(float(loss))
+    if not np.allclose(np.asarray(losses), expected_losses, rtol=1e-4, atol=1e-6):
+        _fail(
+            exercise,
+            f"the losses {np.round(np.asarray(losses), 4).tolist()} are not those of the"
+            f" {count} steps in order {np.round(expected_losses, 4).tolist()}: each step"
+            " starts from the state the one before returned.",
+        )
+    problem = _differs(new, expected)
+    if problem:
+        _fail(exercise, f"after {count} steps {problem} from {count} calls of train_step.")
+    _ok(exercise, f"{count} steps in one call, the same as {count} calls of train_step")
