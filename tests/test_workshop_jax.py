@@ -207,3 +207,92 @@ def test_fused_steps_equal_the_steps_one_by_one_and_wrong_fusions_are_refused(co
         workshop_jax.check_train_steps(last_loss_only, step, state, stack)
     with pytest.raises(ExerciseCheckError, match="are not those of the 3 steps in order"):
         workshop_jax.check_train_steps(once, step, state, stack)
+
+
+# --- 05: the XLA rules on JAX ---------------------------------------------------------
+def _count_if(ids):
+    if np.sum(ids) > 100:
+        return np.sum(ids != 0)
+    return 0
+
+
+IDS = [np.array([[101, 2023, 2003, 102, 0]]), np.array([[5, 3, 0]]), np.array([[60, 40, 0]])]
+
+
+def test_a_count_with_where_passes(capsys):
+    workshop_jax.check_same_values_jitted(
+        lambda ids: jnp.where(jnp.sum(ids) > 100, jnp.sum(ids != 0), 0), _count_if, IDS
+    )
+    assert "jax.jit compiles it" in capsys.readouterr().out
+
+
+def _python_if_count(ids):
+    if jnp.sum(ids) > 100:
+        return jnp.sum(ids != 0)
+    return 0
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (_python_if_count, "cannot trace it.*jnp.where"),
+        (lambda ids: jnp.where(jnp.sum(ids) >= 100, jnp.sum(ids != 0), 0), r"\[\[60, 40, 0\]\]"),
+        (lambda ids: jnp.sum(ids != 0), r"for input \[\[5, 3, 0\]\]"),
+    ],
+    ids=["python-if", "greater-or-equal", "no-condition"],
+)
+def test_a_wrong_count_is_refused(wrong, message):
+    with pytest.raises(ExerciseCheckError, match=message):
+        workshop_jax.check_same_values_jitted(wrong, _count_if, IDS)
+
+
+def _log_probs(logits):
+    return jax.nn.log_softmax(logits)
+
+
+def _static(labels, logits):
+    keep = labels != -100
+    picked = jnp.take_along_axis(_log_probs(logits), jnp.where(keep, labels, 0)[..., None], -1)
+    return -jnp.sum(picked[..., 0] * keep) / jnp.maximum(jnp.sum(keep), 1)
+
+
+def test_a_static_masked_loss_passes(capsys):
+    workshop_jax.check_static_loss_jitted(_static)
+    assert "an all -100 batch gives 0" in capsys.readouterr().out
+
+
+def _boolean_indexing(labels, logits):
+    keep = labels != -100
+    return -jnp.mean(jnp.take_along_axis(_log_probs(logits[keep]), labels[keep][:, None], -1))
+
+
+def _all_positions(labels, logits):
+    keep = labels != -100
+    picked = jnp.take_along_axis(_log_probs(logits), jnp.where(keep, labels, 0)[..., None], -1)
+    return -jnp.mean(picked[..., 0] * keep)
+
+
+def _unguarded(labels, logits):
+    keep = labels != -100
+    picked = jnp.take_along_axis(_log_probs(logits), jnp.where(keep, labels, 0)[..., None], -1)
+    return -jnp.sum(picked[..., 0] * keep) / jnp.sum(keep)
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (_boolean_indexing, "cannot trace it.*weight it 0 or 1"),
+        (_all_positions, "with some labels -100 the loss"),
+        (_unguarded, "every label -100 gives nan"),
+    ],
+    ids=["boolean-indexing", "mean-over-all", "unguarded"],
+)
+def test_a_wrong_masked_loss_is_refused(wrong, message):
+    with pytest.raises(ExerciseCheckError, match=message):
+        workshop_jax.check_static_loss_jitted(wrong)
+
+
+def test_the_reference_loss_is_the_mean_over_the_kept_positions():
+    logits = np.log(np.array([[[0.5, 0.5], [0.9, 0.1]]]))
+    assert np.isclose(workshop_jax.masked_loss_reference([[0, -100]], logits), np.log(2))
+    assert workshop_jax.masked_loss_reference([[-100, -100]], logits) == 0.0

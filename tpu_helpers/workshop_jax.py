@@ -21,6 +21,9 @@ __all__ = [
     "model_state",
     "check_train_step",
     "check_train_steps",
+    "check_same_values_jitted",
+    "masked_loss_reference",
+    "check_static_loss_jitted",
 ]
 
 
@@ -225,3 +228,87 @@ def check_train_steps(
     if problem:
         _fail(exercise, f"after {count} steps {problem} from {count} calls of train_step.")
     _ok(exercise, f"{count} steps in one call, the same as {count} calls of train_step")
+
+
+# --- 05 ---------------------------------------------------------------------------------
+def _compiles(function: Callable, exercise: str, *args):
+    """``jax.jit(function)(*args)``, or a failed check naming the rule the code breaks."""
+    import jax
+
+    try:
+        return jax.jit(function)(*args)
+    except jax.errors.ConcretizationTypeError as error:  # a Python if/int/float on a tracer
+        _fail(
+            exercise,
+            f"jax.jit cannot trace it: {str(error).splitlines()[0]} A traced value has no"
+            " value yet: compute both results and pick with jnp.where (or jax.lax.cond).",
+        )
+    except (jax.errors.NonConcreteBooleanIndexError, IndexError) as error:
+        _fail(
+            exercise,
+            f"jax.jit cannot trace it: {str(error).splitlines()[0]} A shape that depends on"
+            " values (boolean indexing): keep every position and weight it 0 or 1.",
+        )
+    except Exception as error:  # noqa: BLE001  (the learner's code: say where it broke)
+        name = getattr(function, "__name__", "the function")
+        _fail(exercise, f"{name}(...) raised {type(error).__name__}: {str(error).splitlines()[0]}")
+
+
+def check_same_values_jitted(
+    function: Callable, reference: Callable, inputs, exercise: str = "05.1"
+) -> None:
+    """``function`` compiles with ``jax.jit`` and gives ``reference``'s value (run on
+    NumPy, where a Python ``if`` works) on each of ``inputs`` (both sides of the
+    condition and its edge belong there)."""
+    for args in inputs:
+        args = args if isinstance(args, tuple) else (args,)
+        want = np.asarray(reference(*[np.asarray(a) for a in args]))
+        got = np.asarray(_compiles(function, exercise, *args))
+        if want.shape != got.shape or not np.allclose(want, got, rtol=1e-5, atol=1e-6):
+            _fail(
+                exercise,
+                f"for input {np.asarray(args[0]).tolist()} it gives {got.tolist()}, the"
+                f" original gives {want.tolist()}: the condition and both results must stay.",
+            )
+    _ok(exercise, f"jax.jit compiles it, and it has the original's values on {len(inputs)} inputs")
+
+
+def masked_loss_reference(labels, logits) -> float:
+    """The mean cross-entropy over the positions whose label is not -100 (NumPy)."""
+    labels, logits = np.asarray(labels), np.asarray(logits, "float64")
+    keep = labels != -100
+    if not keep.any():
+        return 0.0
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    picked = np.take_along_axis(log_probs, np.where(keep, labels, 0)[..., None], -1)[..., 0]
+    return float(-picked[keep].mean())
+
+
+def check_static_loss_jitted(loss_fn: Callable, exercise: str = "05.2") -> None:
+    """``loss_fn(labels, logits)``: the mean cross-entropy over the labels that are not
+    -100, compiled by ``jax.jit`` (no value-dependent shapes), 0 when every label is -100."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4, 6, 5)).astype("float32")
+    cases = {
+        "some labels -100": np.where(rng.random((4, 6)) < 0.4, -100, rng.integers(0, 5, (4, 6))),
+        "no label -100": rng.integers(0, 5, (4, 6)),
+    }
+    for name, labels in cases.items():
+        labels = labels.astype("int32")
+        got = float(_compiles(loss_fn, exercise, labels, logits))
+        want = masked_loss_reference(labels, logits)
+        if not np.isclose(got, want, rtol=1e-4, atol=1e-5):
+            _fail(
+                exercise,
+                f"with {name} the loss is {got:.5f}, the mean over the kept positions"
+                f" {want:.5f}: weight each position's loss by (labels != -100) and divide by"
+                " the number of kept positions.",
+            )
+    empty = float(_compiles(loss_fn, exercise, np.full((4, 6), -100, "int32"), logits))
+    if not np.isfinite(empty) or empty != 0.0:
+        _fail(
+            exercise,
+            f"a batch with every label -100 gives {empty}: divide by jnp.maximum(kept, 1).",
+        )
+    _ok(exercise, "jax.jit compiles it, the same loss, an all -100 batch gives 0")
