@@ -123,28 +123,28 @@ tf_tpu_leg() {
 }
 
 # The Keras 3 legs (keras3: Kaggle's image; colab: Colab's): the engine's tests (against
-# the TF engine's numbers in the fixtures, at eight devices, kill and resume included), the
-# engine choice and install plans, the image preprocessing read without PyTorch, the main
-# track's exercise checks, and the main track's notebooks cell by cell in bfloat16 (their
-# default), each leg at the device count of its runtime: the Colab-shaped leg at one
-# (Colab's free v5e-1), the Kaggle-shaped leg at eight (a v5e-8). Notebook 08 runs at one
-# on both: at eight it lost its kernel in its records-training cell in two of four CI
-# rehearsals on the Kaggle-shaped leg (2026-12-04; passed alone, and beside the Colab leg's
-# notebook, on both stacks), with the leg's compilation cache; the notebooks at eight run
-# in a pytest of their own, without that cache. The keras3 leg also runs the main track's
-# exercise editions to their first stubs. They run beside the TensorFlow legs at the
-# lowest priority: the TensorFlow legs leave a core idle for minutes at a time
-# (single-threaded tracing and compiling), which these take. (Their environments were made
-# in the legs too, at that priority, until two of them took 14 minutes there on
-# 2026-12-04.) JAX's persistent compilation cache lives for the leg (the text part's
-# compilations serve the records part: 162 s to 100 s for notebook 08). A cell may take
-# 300 s (the longest took 37 s in CI): a kernel that dies mid-cell is reported after that,
-# not after 15 minutes.
+# the TF engine's numbers in the fixtures, at eight devices, kill and resume included),
+# the engine choice and install plans, the image preprocessing read without PyTorch, and
+# the main track's notebooks cell by cell in bfloat16 (their default), each leg at the
+# device count of its runtime: the Colab-shaped leg at one (Colab's free v5e-1), the
+# Kaggle-shaped leg at eight (a v5e-8). Notebook 08 runs at one on both: at eight it lost
+# its kernel in its records-training cell in two of four CI rehearsals on the Kaggle-
+# shaped leg (2026-12-04; passed alone, and beside the Colab leg's notebook, on both
+# stacks), with the leg's compilation cache; the notebooks at eight run in a pytest of
+# their own, without that cache. The keras3 leg also runs the main track's exercise
+# editions to their first stubs, and the exercise checks against wrong answers. They run
+# beside the TensorFlow legs at the lowest priority: the TensorFlow legs leave a core idle
+# for minutes at a time (single-threaded tracing and compiling), which these take. (Their
+# environments were made in the legs too, at that priority, until two of them took 14
+# minutes there on 2026-12-04.) JAX's persistent compilation cache lives for the leg (the
+# text part's compilations serve the records part: 162 s to 100 s for notebook 08). A cell
+# may take 300 s (the longest took 37 s in CI): a kernel that dies mid-cell is reported
+# after that, not after 15 minutes.
 keras3_leg() {
   local stack="$1" more=() one=(--only 08) eight=(--only 00 --only 01 --only 02 --only 05)
   shift
-  if [ "$stack" = keras3 ]; then
-    more=(tests/test_exercises.py)
+  if [ "$stack" = keras3 ]; then  # the exercise checks' wrong answers, on one leg
+    more=(tests/test_exercises.py tests/test_workshop_jax.py)
   else
     one=() eight=()  # Colab's v5e-1: every notebook at one device
   fi
@@ -152,8 +152,8 @@ keras3_leg() {
   rm -rf "$JAX_COMPILATION_CACHE_DIR" "build/nbval-$stack-8" "build/pytest-$stack-8"
   python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
     --replicas 1 "${one[@]}"
-  python -m pytest tests/test_keras3.py tests/test_runtime.py tests/test_workshop_jax.py \
-    "${more[@]}" "build/nbval-$stack" --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
+  python -m pytest tests/test_keras3.py tests/test_runtime.py "${more[@]}" \
+    "build/nbval-$stack" --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
     -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@"
   if [ "${#eight[@]}" -gt 0 ]; then
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
