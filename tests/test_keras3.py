@@ -667,3 +667,16 @@ def test_a_lost_or_damaged_newest_save_falls_back_to_the_one_before(fixtures_dir
         (tmp_path / "run" / name).unlink(missing_ok=True)
     with pytest.raises(CheckpointMismatchError, match="no save of this run can be read.*Fix"):
         keras3.fit_resumable(fresh(), train, 3, str(tmp_path / "run"), log=said.append, verbose=0)
+
+
+def test_simulated_devices_wait_for_each_other_past_xlas_default_collective_timeout():
+    """On a busy CPU a simulated device's thread may reach the gradients' all-reduce more
+    than 40 s after the others; jaxlib 0.10.2 then ends the process. The flags raise that
+    timeout where the installed jaxlib has it, and this process started with them."""
+    assert keras3.simulation_flags(8, "0.10.2") == [
+        "--xla_force_host_platform_device_count=8",
+        "--xla_cpu_collective_call_terminate_timeout_seconds=900",
+    ]
+    assert keras3.simulation_flags(2, "0.7.2") == ["--xla_force_host_platform_device_count=2"]
+    for flag in keras3.simulation_flags(8):
+        assert flag.split("=")[0] in os.environ["XLA_FLAGS"], os.environ["XLA_FLAGS"]

@@ -127,19 +127,21 @@ tf_tpu_leg() {
 # the engine choice and install plans, the image preprocessing read without PyTorch, and
 # the main track's notebooks cell by cell in bfloat16 (their default), each leg at the
 # device count of its runtime: the Colab-shaped leg at one (Colab's free v5e-1), the
-# Kaggle-shaped leg at eight (a v5e-8). Notebook 08 runs at one on both: at eight it lost
-# its kernel in its records-training cell in two of four CI rehearsals on the Kaggle-
-# shaped leg (2026-12-04; passed alone, and beside the Colab leg's notebook, on both
-# stacks), with the leg's compilation cache; the notebooks at eight run in a pytest of
-# their own, without that cache. The keras3 leg also runs the main track's exercise
-# editions to their first stubs, and the exercise checks against wrong answers. They run
-# beside the TensorFlow legs at the lowest priority: the TensorFlow legs leave a core idle
-# for minutes at a time (single-threaded tracing and compiling), which these take. (Their
-# environments were made in the legs too, at that priority, until two of them took 14
-# minutes there on 2026-12-04.) JAX's persistent compilation cache lives for the leg (the
-# text part's compilations serve the records part: 162 s to 100 s for notebook 08). A cell
-# may take 300 s (the longest took 37 s in CI): a kernel that dies mid-cell is reported
-# after that, not after 15 minutes.
+# Kaggle-shaped leg at eight (a v5e-8); notebook 08 at one on both, for time. The
+# notebooks at eight run in a pytest of their own, without the leg's compilation cache. A
+# kernel at eight devices died in CI on the Kaggle-shaped stack (notebook 08 on
+# 2026-12-04, 01 on 2026-12-05): jaxlib 0.10.2 ends the process when a simulated device's
+# thread reaches the gradients' all-reduce 40 s after the others, which a busy 2-core
+# machine allows; keras3.simulation_flags raises that timeout (three 01 runs at once at
+# eight devices: all three kernels died without it, none with it). The keras3 leg also
+# runs the main track's exercise editions to their first stubs, and the exercise checks
+# against wrong answers. They run beside the TensorFlow legs at the lowest priority: the
+# TensorFlow legs leave a core idle for minutes at a time (single-threaded tracing and
+# compiling), which these take. (Their environments were made in the legs too, at that
+# priority, until two of them took 14 minutes there on 2026-12-04.) JAX's persistent
+# compilation cache lives for the leg (the text part's compilations serve the records
+# part: 162 s to 100 s for notebook 08). A cell may take 300 s (the longest took 37 s in
+# CI): a kernel that dies mid-cell is reported after that, not after 15 minutes.
 keras3_leg() {
   local stack="$1" more=() one=(--only 08) eight=(--only 00 --only 01 --only 02 --only 05)
   shift
@@ -148,7 +150,7 @@ keras3_leg() {
   else
     one=() eight=()  # Colab's v5e-1: every notebook at one device
   fi
-  export JAX_COMPILATION_CACHE_DIR="$PWD/build/jax-cache-$stack"
+  export JAX_COMPILATION_CACHE_DIR="$PWD/build/jax-cache-$stack" PYTHONFAULTHANDLER=1
   rm -rf "$JAX_COMPILATION_CACHE_DIR" "build/nbval-$stack-8" "build/pytest-$stack-8"
   python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
     --replicas 1 "${one[@]}"

@@ -52,6 +52,7 @@ __all__ = [
     "Head",
     "HEADS",
     "devices",
+    "simulation_flags",
     "connect",
     "replicas",
     "checkpoint_folder",
@@ -93,13 +94,16 @@ def devices(simulated_replicas: int = 0) -> list:
     v5e-1, eight on Kaggle's v5e-8), or ``simulated_replicas`` CPU devices off a TPU.
 
     CPU devices exist only if ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` was set
-    before JAX started; this sets it when JAX has not started yet, and Keras' backend to
-    JAX when Keras has not been imported yet.
+    before JAX's backend started (its first ``jax.devices()``, not ``import jax``); this
+    adds ``simulation_flags`` to ``XLA_FLAGS``, which a started backend no longer reads,
+    and sets Keras' backend to JAX when Keras has not been imported yet.
     """
-    if simulated_replicas and "jax" not in sys.modules:
-        flag = f"--xla_force_host_platform_device_count={simulated_replicas}"
-        if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+    if simulated_replicas:  # read when JAX's backend starts: at the first jax.devices()
+        flags = os.environ.get("XLA_FLAGS", "")
+        for flag in simulation_flags(simulated_replicas):
+            if flag.split("=")[0] not in flags:
+                flags = f"{flags} {flag}".strip()
+        os.environ["XLA_FLAGS"] = flags
     _keras()
     import jax
 
@@ -115,6 +119,38 @@ def devices(simulated_replicas: int = 0) -> list:
         found = found[:simulated_replicas]
     print(f"[keras3] {len(found)} {found[0].platform.upper()} device(s), JAX {jax.__version__}")
     return found
+
+
+#: How long XLA waits for every simulated CPU device to reach a collective (the gradients'
+#: all-reduce) before it ends the process: 40 s by default in jaxlib 0.10.2 ("Termination
+#: timeout for `all reduce RendezvousKey...` ... Exiting to ensure a consistent program
+#: state"). Each simulated device is a thread, and on a busy 2-core machine one waited
+#: longer than that for its turn: the notebook's kernel died (CI, 2026-12-04 and 05). The
+#: flag is read from jaxlib 0.10.2's library; 0.7.2 has neither it nor that timeout, and
+#: XLA stops at an XLA_FLAGS entry it does not know, so it is set from that release on.
+COLLECTIVE_TIMEOUT_FLAG = ("xla_cpu_collective_call_terminate_timeout_seconds", (0, 10, 2))
+COLLECTIVE_TIMEOUT_SECONDS = 900
+
+
+def simulation_flags(devices: int, jaxlib_version: str | None = None) -> list[str]:
+    """The ``XLA_FLAGS`` entries that make ``devices`` CPU devices for this jaxlib (its
+    installed version unless given): the device count, and the collective timeout
+    raised where that jaxlib has one.
+
+    >>> simulation_flags(8, "0.10.2")[1]
+    '--xla_cpu_collective_call_terminate_timeout_seconds=900'
+    >>> simulation_flags(8, "0.7.2")
+    ['--xla_force_host_platform_device_count=8']
+    """
+    from tpu_helpers._env import distribution_version
+    from tpu_helpers.runtime import release
+
+    flags = [f"--xla_force_host_platform_device_count={devices}"]
+    name, since = COLLECTIVE_TIMEOUT_FLAG
+    found = release(jaxlib_version or distribution_version("jaxlib"))
+    if found and found >= since:
+        flags.append(f"--{name}={COLLECTIVE_TIMEOUT_SECONDS}")
+    return flags
 
 
 def connect(simulated_replicas: int = 0):
