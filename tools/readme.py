@@ -59,12 +59,7 @@ def table() -> str:
         "| notebook | exercise edition |",
         "|---|---|",
     ]
-    for path, title, _ in notebook_rows(tracks.MAIN):
-        exercises = tracks.repo_path(tracks.exercise_edition(tracks.ROOT / path))
-        out.append(
-            f"| [{title}]({path}) ([Colab]({badges(path)[0]})) |"
-            f" [exercises]({exercises}) ([Colab]({badges(exercises)[0]})) |"
-        )
+    out += _rows(tracks.MAIN, colab=True)
     out += [
         "",
         "**The seeds' track** (`notebooks/tf/`): the same lessons on the TF engine (TensorFlow,"
@@ -73,10 +68,18 @@ def table() -> str:
         "| notebook | exercise edition |",
         "|---|---|",
     ]
-    for path, title, _ in notebook_rows(tracks.SEEDS):
-        exercises = tracks.repo_path(tracks.exercise_edition(tracks.ROOT / path))
-        out.append(f"| [{title}]({path}) | [exercises]({exercises}) |")
+    out += _rows(tracks.SEEDS, colab=False)
     return "\n".join(out)
+
+
+def _rows(folder: Path, colab: bool) -> list[str]:
+    """A track's table rows: each notebook and its exercise edition, with Colab links."""
+    rows = []
+    for path, title, _ in notebook_rows(folder):
+        exercises = tracks.repo_path(tracks.exercise_edition(tracks.ROOT / path))
+        links = [f" ([Colab]({badges(p)[0]}))" if colab else "" for p in (path, exercises)]
+        rows.append(f"| [{title}]({path}){links[0]} | [exercises]({exercises}){links[1]} |")
+    return rows
 
 
 def render(readme: str) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 from tpu_helpers.errors import TpuHelpersError
 
 __all__ = [
+    "values_match",
     "ExerciseCheckError",
     "check_replica_total",
     "check_split",
@@ -674,6 +675,22 @@ def check_head(
 
 
 # --- 05 ---------------------------------------------------------------------------------
+def values_match(run: Callable, reference: Callable, inputs, exercise: str, fix: str) -> None:
+    """``run(*args)`` (the learner's function, called as the check calls it) equals
+    ``reference(*args)`` for each of ``inputs`` (a tuple of arguments, or one argument);
+    the first input that differs fails the check with ``fix``."""
+    for args in inputs:
+        args = args if isinstance(args, tuple) else (args,)
+        want = np.asarray(reference(*args))
+        got = np.asarray(run(*args))
+        if want.shape != got.shape or not np.allclose(want, got, rtol=1e-5, atol=1e-6):
+            _fail(
+                exercise,
+                f"for input {np.asarray(args[0]).tolist()} it gives {got.tolist()}, the"
+                f" original gives {want.tolist()}: {fix}.",
+            )
+
+
 def check_same_values(function: Callable, reference: Callable, inputs, exercise: str = "05.1"):
     """``function`` gives ``reference``'s value (run eagerly, where a Python ``if`` works)
     on each of ``inputs`` (both sides of the condition, and its edge, belong there), and
@@ -682,16 +699,8 @@ def check_same_values(function: Callable, reference: Callable, inputs, exercise:
 
     from tpu_helpers import xla
 
-    for args in inputs:
-        args = args if isinstance(args, tuple) else (args,)
-        want = np.asarray(reference(*args))
-        got = np.asarray(_learners(function, exercise, *args))
-        if want.shape != got.shape or not np.allclose(want, got, rtol=1e-5, atol=1e-6):
-            _fail(
-                exercise,
-                f"for input {np.asarray(args[0]).tolist()} it gives {got.tolist()}, the"
-                f" original gives {want.tolist()}: both branches must still be computed.",
-            )
+    run = lambda *args: _learners(function, exercise, *args)  # noqa: E731
+    values_match(run, reference, inputs, exercise, "both branches must still be computed")
     first = inputs[0] if isinstance(inputs[0], tuple) else (inputs[0],)
     try:
         xla.compiled_hlo(function, *first)

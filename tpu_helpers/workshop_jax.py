@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tpu_helpers.workshop import _fail, _learners, _ok
+from tpu_helpers.workshop import _fail, _learners, _ok, values_match
 
 __all__ = [
     "check_sharded_batch",
@@ -260,16 +260,13 @@ def check_same_values_jitted(
     """``function`` compiles with ``jax.jit`` and gives ``reference``'s value (run on
     NumPy, where a Python ``if`` works) on each of ``inputs`` (both sides of the
     condition and its edge belong there)."""
-    for args in inputs:
-        args = args if isinstance(args, tuple) else (args,)
-        want = np.asarray(reference(*[np.asarray(a) for a in args]))
-        got = np.asarray(_compiles(function, exercise, *args))
-        if want.shape != got.shape or not np.allclose(want, got, rtol=1e-5, atol=1e-6):
-            _fail(
-                exercise,
-                f"for input {np.asarray(args[0]).tolist()} it gives {got.tolist()}, the"
-                f" original gives {want.tolist()}: the condition and both results must stay.",
-            )
+    values_match(
+        lambda *args: _compiles(function, exercise, *args),
+        lambda *args: reference(*[np.asarray(a) for a in args]),  # on NumPy: a Python if works
+        inputs,
+        exercise,
+        "the condition and both results must stay",
+    )
     _ok(exercise, f"jax.jit compiles it, and it has the original's values on {len(inputs)} inputs")
 
 
