@@ -94,3 +94,17 @@ def test_only_picks_runs_by_the_prefix_of_their_names(tmp_path, fixtures_dir):
     pairs = "01_text_classification_fit.pairs"
     assert prepared(pairs) == [f"{pairs}.ipynb"]
     assert prepared("01") == ["01_text_classification_fit.ipynb", f"{pairs}.ipynb"]
+
+
+def test_executed_copies_of_notebooks_that_no_longer_exist_are_dropped(tmp_path):
+    """A notebook moved to the other track leaves no executed copy for the report."""
+    for name in (
+        "01_fit.ipynb",
+        "01_fit.html",
+        "03_gone.ipynb",
+        "03_gone.html",
+        "03_gone.kernel.log",
+    ):
+        (tmp_path / name).write_text("{}")
+    assert run_notebooks.drop_stale_runs(tmp_path, {"01_fit"}) == ["03_gone.ipynb"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["01_fit.html", "01_fit.ipynb"]

@@ -222,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             for old in (out / "outputs").glob(f"{nb.name[:2]}_*"):
                 shutil.rmtree(old, ignore_errors=True)
     runs = [(nb, name, params) for nb in notebooks for name, params in runs_of(nb)]
+    if not args.prepare_only:  # executed copies of notebooks that no longer exist here
+        drop_stale_runs(out, {name for _, name, _ in runs})
     if args.only:  # a prefix of a run's name: "01" is notebook 01 and its variants
         runs = [run for run in runs if any(run[1].startswith(o) for o in args.only)]
     if args.no_variants:
@@ -259,6 +261,20 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"report: {build / 'report' / 'report.html'}")
     return 1 if failed else 0
+
+
+def drop_stale_runs(out: Path, names: set[str]) -> list[str]:
+    """Remove from ``out`` (one engine's folder of executed notebooks) the executed copies,
+    HTML pages and kernel logs of runs not in ``names`` (a notebook renamed, moved to the
+    other track, or removed), so that the report shows only notebooks that exist."""
+    removed = []
+    for path in sorted(out.glob(tracks.PATTERN)):
+        stem = path.name.removesuffix(".ipynb")
+        if stem not in names:
+            for stale in (path, out / f"{stem}.html", out / f"{stem}.kernel.log"):
+                stale.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
 
 
 def run_all(calls: list[dict], jobs: int) -> list[str | None]:
