@@ -19,7 +19,8 @@
 #                                   tensorflow-cpu, JAX (CPU here), Keras 3, transformers 5
 #                                   (tools/kaggle-tpu-image.txt), then tpu_helpers' install
 #                                   plan for the Keras 3 engine on a Kaggle TPU (KerasHub).
-#                                   JAX sees 8 CPU devices (XLA_FLAGS), as a v5e-8 has chips.
+#                                   JAX sees 8 CPU devices (XLA_FLAGS), as a v5e-8 has chips,
+#                                   run by 16 threads (PJRT_NPROC: keras3.simulation_env).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -159,6 +160,7 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 if [ "$STACK" = keras3 ] || [ "$STACK" = colab ]; then
   export KERAS_BACKEND=jax
   export XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=8"
+  export PJRT_NPROC=16  # two threads per device, as keras3.simulation_env sets (it says why)
 fi
 if [ "$STACK" = tpu ]; then
   # Off a TPU VM the TPU build would wait minutes on cloud metadata at import.

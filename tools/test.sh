@@ -128,12 +128,10 @@ tf_tpu_leg() {
 # the main track's notebooks cell by cell in bfloat16 (their default), each leg at the
 # device count of its runtime: the Colab-shaped leg at one (Colab's free v5e-1), the
 # Kaggle-shaped leg at eight (a v5e-8); notebook 08 at one on both, for time. The
-# notebooks at eight run in a pytest of their own, without the leg's compilation cache. A
-# kernel at eight devices died in CI on the Kaggle-shaped stack (notebook 08 on
-# 2026-12-04, 01 on 2026-12-05): jaxlib 0.10.2 ends the process when a simulated device's
-# thread reaches the gradients' all-reduce 40 s after the others, which a busy 2-core
-# machine allows; keras3.simulation_flags raises that timeout (three 01 runs at once at
-# eight devices: all three kernels died without it, none with it). The keras3 leg also
+# notebooks at eight run in a pytest of their own, without the leg's compilation cache.
+# Kernels at eight devices died (2026-12-04, 12-05) or hung (12-05) in CI: XLA's CPU pool
+# of one thread per simulated device can leave devices waiting for good at an all-reduce;
+# env.sh and keras3.devices give it two per device (keras3.simulation_env). The keras3 leg also
 # runs the main track's exercise editions to their first stubs, and the exercise checks
 # against wrong answers. They run beside the TensorFlow legs at the lowest priority: the
 # TensorFlow legs leave a core idle for minutes at a time (single-threaded tracing and

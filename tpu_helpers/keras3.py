@@ -52,7 +52,7 @@ __all__ = [
     "Head",
     "HEADS",
     "devices",
-    "simulation_flags",
+    "simulation_env",
     "connect",
     "replicas",
     "checkpoint_folder",
@@ -95,15 +95,12 @@ def devices(simulated_replicas: int = 0) -> list:
 
     CPU devices exist only if ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` was set
     before JAX's backend started (its first ``jax.devices()``, not ``import jax``); this
-    adds ``simulation_flags`` to ``XLA_FLAGS``, which a started backend no longer reads,
-    and sets Keras' backend to JAX when Keras has not been imported yet.
+    sets ``simulation_env``, which a started backend no longer reads, and sets Keras'
+    backend to JAX when Keras has not been imported yet.
     """
     if simulated_replicas:  # read when JAX's backend starts: at the first jax.devices()
-        flags = os.environ.get("XLA_FLAGS", "")
-        for flag in simulation_flags(simulated_replicas):
-            if flag.split("=")[0] not in flags:
-                flags = f"{flags} {flag}".strip()
-        os.environ["XLA_FLAGS"] = flags
+        for name, value in simulation_env(simulated_replicas, os.environ).items():
+            os.environ[name] = value
     _keras()
     import jax
 
@@ -121,36 +118,31 @@ def devices(simulated_replicas: int = 0) -> list:
     return found
 
 
-#: How long XLA waits for every simulated CPU device to reach a collective (the gradients'
-#: all-reduce) before it ends the process: 40 s by default in jaxlib 0.10.2 ("Termination
-#: timeout for `all reduce RendezvousKey...` ... Exiting to ensure a consistent program
-#: state"). Each simulated device is a thread, and on a busy 2-core machine one waited
-#: longer than that for its turn: the notebook's kernel died (CI, 2026-12-04 and 05). The
-#: flag is read from jaxlib 0.10.2's library; 0.7.2 has neither it nor that timeout, and
-#: XLA stops at an XLA_FLAGS entry it does not know, so it is set from that release on.
-COLLECTIVE_TIMEOUT_FLAG = ("xla_cpu_collective_call_terminate_timeout_seconds", (0, 10, 2))
-COLLECTIVE_TIMEOUT_SECONDS = 900
+def simulation_env(devices: int, environ=None) -> dict[str, str]:
+    """The environment variables to set (on top of ``environ``, the process's own unless
+    given) for ``devices`` simulated CPU devices, read when JAX's backend starts:
+    ``XLA_FLAGS`` with the device count, and ``PJRT_NPROC``, the threads of the pool that
+    runs each device's share of a program, two per device.
 
+    With the default pool (one thread per device where the machine has fewer cores), a
+    loop that dispatches steps with an all-reduce faster than they run can leave some
+    devices without a thread to reach it, and the others wait for them for good: XLA ends
+    the process 10 s (jaxlib 0.7.2) or 40 s (0.10.2) later ("Termination timeout for `all
+    reduce RendezvousKey...`"). On 2 cores at 8 devices a loop of small steps did so on
+    both within seconds, and a notebook's kernel died or hung in CI; with two threads per
+    device, none did. A TPU does not run this code.
 
-def simulation_flags(devices: int, jaxlib_version: str | None = None) -> list[str]:
-    """The ``XLA_FLAGS`` entries that make ``devices`` CPU devices for this jaxlib (its
-    installed version unless given): the device count, and the collective timeout
-    raised where that jaxlib has one.
-
-    >>> simulation_flags(8, "0.10.2")[1]
-    '--xla_cpu_collective_call_terminate_timeout_seconds=900'
-    >>> simulation_flags(8, "0.7.2")
-    ['--xla_force_host_platform_device_count=8']
+    >>> simulation_env(8, {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"})["XLA_FLAGS"]
+    '--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=8'
+    >>> simulation_env(8, {})["PJRT_NPROC"]
+    '16'
     """
-    from tpu_helpers._env import distribution_version
-    from tpu_helpers.runtime import release
-
-    flags = [f"--xla_force_host_platform_device_count={devices}"]
-    name, since = COLLECTIVE_TIMEOUT_FLAG
-    found = release(jaxlib_version or distribution_version("jaxlib"))
-    if found and found >= since:
-        flags.append(f"--{name}={COLLECTIVE_TIMEOUT_SECONDS}")
-    return flags
+    environ = os.environ if environ is None else environ
+    flags, count = environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count"
+    if count not in flags:
+        flags = f"{flags} {count}={devices}".strip()
+    threads = max(2 * devices, int(environ.get("PJRT_NPROC") or 0))
+    return {"XLA_FLAGS": flags, "PJRT_NPROC": str(threads)}
 
 
 def connect(simulated_replicas: int = 0):
