@@ -208,3 +208,67 @@ def test_your_own_train_steps_and_metrics_are_what_the_loop_drives(tmp_path):
     assert calls == [3, 2, 1, 3, 1]  # 5 steps an epoch, calls ending at steps 3, 6, 9
     assert [row["rows"] for row in history] == [40.0, 40.0]  # reset each epoch
     assert loop.step == 10 and set(history[0]) == {"epoch", "step", "rows"}
+
+
+def _arrays(**features):
+    """A ``Batches`` of 64 rows of ``features`` (label 0, weight 1), 16 rows a step."""
+    from tpu_helpers import pipeline
+
+    rows = len(next(iter(features.values())))
+    data = tf.data.Dataset.from_tensor_slices(
+        (features, np.zeros(rows, np.int32), np.ones(rows, np.float32))
+    ).batch(16, drop_remainder=True)
+    return pipeline.from_dataset_fn(lambda e, s: data, steps_per_epoch=4, global_batch=16)
+
+
+def test_features_the_model_cannot_take_are_refused_with_their_shapes(fixtures_dir, tmp_path):
+    """Before any step and any save: a 1-D or 3-D input_ids (from inside the model:
+    TensorFlow's rank errors), per-token columns of two widths, features named for no
+    input of the model; checked against transformers' input_signature."""
+    from transformers import TFAutoModelForSequenceClassification
+
+    from tpu_helpers import hub
+
+    model = hub.from_pretrained(
+        TFAutoModelForSequenceClassification, str(fixtures_dir / "tiny-distilbert"), num_labels=2
+    )
+    loop = CustomLoop(
+        tf.distribute.get_strategy(), model, tf.keras.optimizers.Adam(), 16, str(tmp_path / "r")
+    )
+    ones = np.ones((64, 8), np.int32)
+    cases = [
+        (dict(input_ids=ones[:, 0], attention_mask=ones[:, 0]), r"input_ids of shape \(16\)"),
+        (dict(input_ids=ones[..., None], attention_mask=ones), r"input_ids of shape \(16, 8, 1\)"),
+        (dict(input_ids=ones, attention_mask=ones[:, :6]), r"different widths.*\(16, 6\)"),
+        (dict(ids=ones, mask=ones), r"none of the model's inputs.*input_ids \(None, None\)"),
+    ]
+    for features, match in cases:
+        with pytest.raises(ValueError, match=match) as raised:
+            loop.fit(_arrays(**features), epochs=1, log=lambda m: None)
+        assert "Fix:" in str(raised.value)
+        assert loop.step == 0 and not (tmp_path / "r").exists()
+    # the shapes it takes train; a column the signature does not name is not judged here
+    loop.fit(_arrays(input_ids=ones, attention_mask=ones), epochs=1, log=lambda m: None)
+    assert loop.step == 4
+
+
+def test_images_of_another_size_are_refused_by_both_loops(tmp_path):
+    """A Keras model on named Input layers says its fixed sizes: 64x64 images for a 32x32
+    model are refused by the custom loop and by fit_resumable, naming both shapes."""
+    from tpu_helpers.checkpoints import fit_resumable
+
+    pixels = tf.keras.Input((3, 32, 32), name="pixel_values")
+    flat = tf.keras.layers.Flatten()(pixels)
+    model = tf.keras.Model({"pixel_values": pixels}, tf.keras.layers.Dense(2)(flat))
+    model.compile(tf.keras.optimizers.Adam(), tf.keras.losses.SparseCategoricalCrossentropy(True))
+    big = _arrays(pixel_values=np.zeros((64, 3, 64, 64), np.float32))
+    match = r"pixel_values of shape \(16, 3, 64, 64\).*pixel_values \(None, 3, 32, 32\)"
+    loop = CustomLoop(tf.distribute.get_strategy(), model, tf.keras.optimizers.Adam(), 16)
+    with pytest.raises(ValueError, match=match):
+        loop.fit(big, epochs=1, log=lambda m: None)
+    with pytest.raises(ValueError, match=match):
+        fit_resumable(model, big, 1, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    fit_resumable(
+        model, _arrays(pixel_values=np.zeros((64, 3, 32, 32), np.float32)), 1, str(tmp_path / "ok")
+    )

@@ -479,3 +479,22 @@ def test_try_compile_prints_the_rule_a_failed_compilation_breaks(capsys):
     said = capsys.readouterr().out
     assert "rule 1, no Python `if`/`while` on a tensor's value" in said and "-> fix:" in said
     assert xla.try_compile(lambda x: tf.where(tf.reduce_sum(x) > 0, x, -x), tf.constant([1.0]))
+
+
+def test_preflight_names_ragged_features_as_such():
+    """It blamed a value-dependent program (rules 1 and 2); a ragged column is named, with
+    padding as the fix, and nothing is compiled."""
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(1, 50, n).tolist() for n in rng.integers(3, 20, 64)]
+    ragged = tf.ragged.constant(rows, dtype=tf.int32)
+    dataset = tf.data.Dataset.from_tensor_slices(({"input_ids": ragged}, np.arange(64) % 2))
+    report = xla.preflight(
+        tiny_model(), dataset.batch(8, drop_remainder=True), Replicas(8), raise_on_failure=False
+    )
+    assert [(c.name, c.status) for c in report.checks] == [("dense features", "FAIL")]
+    assert "features['input_ids'] (ragged)" in str(report)
+    assert "padded_batch" in str(report) and "to_tensor" in str(report)
+    # padded to one width, the same rows pass
+    padded = np.array([row + [0] * (20 - len(row)) for row in rows], np.int32)
+    dataset = tf.data.Dataset.from_tensor_slices(({"input_ids": padded}, np.arange(64) % 2))
+    assert xla.preflight(tiny_model(), dataset.batch(8, drop_remainder=True), Replicas(8)).ok

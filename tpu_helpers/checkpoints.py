@@ -284,9 +284,14 @@ class TfTrainer:
         return checkpoint_fingerprint(name) if name else None
 
     def check(self, train, validation) -> None:
+        from tpu_helpers.pipeline import model_input_shapes
+
+        inputs = model_input_shapes(self.model)
         for batches in (train, validation):
-            if batches is not None and self.strategy is not None:
-                batches.per_replica_batch(self.strategy.num_replicas_in_sync)
+            if batches is not None:
+                if self.strategy is not None:
+                    batches.per_replica_batch(self.strategy.num_replicas_in_sync)
+                batches.check_inputs(inputs)
 
     def open(self, directory: str, run: dict, epochs: int) -> tuple[int, int]:
         self.steps = run["steps_per_epoch"]

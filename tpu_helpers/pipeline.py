@@ -273,10 +273,77 @@ class Batches:
                 " this embedding table."
             )
 
+    def check_inputs(self, expected: Mapping[str, tuple] | None) -> None:
+        """Refuse, before any step, features the model cannot take, naming each with its
+        shape: ``expected`` is the model's inputs (``model_input_shapes``: name -> shape,
+        ``None`` where any size goes); nothing is checked without it. Refused: a feature of
+        another rank (a 1-D ``input_ids``: an unbatched or flattened column), a fixed size
+        that differs (images of 64x64 for a model of 32x32), per-token features of different
+        widths in one batch, and features that hold none of the model's inputs."""
+        if not expected:
+            return
+        features = self.dataset(0).element_spec
+        features = features[0] if isinstance(features, tuple) else features
+        if not isinstance(features, Mapping):
+            return  # a model called on one tensor: its rank is its own business
+        shapes = {name: tuple(spec.shape) for name, spec in features.items()}
+
+        def shown(named):
+            return ", ".join(f"{k} {_shape_text(v)}" for k, v in named.items())
+
+        wants = f"the model takes {shown(expected)} (None: any size)"
+        if not set(shapes) & set(expected):
+            raise ValueError(
+                f"{self.name} give {shown(shapes)}, none of the model's inputs: {wants}. Fix:"
+                " name the features as the model's inputs (the tokenizer's or image"
+                " processor's own output names)."
+            )
+        for name, shape in shapes.items():
+            want = expected.get(name)
+            if want is None:
+                continue
+            wrong = len(shape) != len(want) or any(
+                w is not None and h is not None and w != h for h, w in zip(shape, want)
+            )
+            if wrong:
+                raise ValueError(
+                    f"{self.name} give {name} of shape {_shape_text(shape)} (rows first),"
+                    f" but {wants}. Fix: batch the data (rows x width for text, rows x"
+                    " channels x height x width for images) and size it as the checkpoint's"
+                    " processor does; a 1-D column is one row's tokens, not a batch."
+                )
+        widths = {name: shape[1] for name, shape in shapes.items() if len(shape) == 2}
+        if len({w for w in widths.values() if w is not None}) > 1:
+            raise ValueError(
+                f"{self.name} give per-token features of different widths in one batch"
+                f" ({shown({k: shapes[k] for k in widths})}). Fix: pad every per-token"
+                " column of a row to the same width (one tokenizer call with padding)."
+            )
+
     def explain_error(self, err: BaseException) -> str | None:
         """What a data error met while reading means and its fix (a corrupt record names
         its shard), or ``None``."""
         return self.explain(err) if self.explain is not None else None
+
+
+def _shape_text(shape) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
+
+
+def model_input_shapes(model) -> dict[str, tuple] | None:
+    """A model's inputs as ``{name: shape}`` (``None`` where any size goes), as far as the
+    model says: transformers' TF classes (``input_signature``), a Keras model built on named
+    ``Input`` layers; ``None`` for a model that does not say."""
+    signature = getattr(model, "input_signature", None)
+    if isinstance(signature, Mapping):
+        return {name: tuple(spec.shape) for name, spec in signature.items()}
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        return None
+    if not inputs or not all(getattr(t, "name", None) for t in inputs):
+        return None
+    return {t.name.split(":")[0]: tuple(t.shape) for t in inputs}
 
 
 _PIPELINES: dict[int, int] = {}

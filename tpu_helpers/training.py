@@ -179,7 +179,7 @@ class CustomLoop:
     def evaluate(self, batches) -> dict:
         """Loss and accuracy over one pass of ``batches`` (a ``pipeline.Batches``; the
         weight-0 fillers count for nothing)."""
-        from tpu_helpers.pipeline import require_batches
+        from tpu_helpers.pipeline import model_input_shapes, require_batches
 
         batches = require_batches(batches, "CustomLoop.evaluate")
         self.val_loss.reset_state()
@@ -219,7 +219,7 @@ class CustomLoop:
         import time
 
         from tpu_helpers.checkpoints import model_config
-        from tpu_helpers.pipeline import require_batches
+        from tpu_helpers.pipeline import model_input_shapes, require_batches
 
         train = require_batches(train, "CustomLoop.fit")
         if train.global_batch != self.global_batch:
@@ -238,6 +238,7 @@ class CustomLoop:
         checkpoint_every = checkpoint_every or steps_per_epoch
         last_step = epochs * steps_per_epoch if max_steps is None else max_steps
         train.check_model(model_config(self.model))
+        train.check_inputs(model_input_shapes(self.model))
         if self.checkpoints:  # what the restore says (a damaged checkpoint skipped) goes to
             self.checkpoints.log = log  # the same log as the epochs
         start = self.restore()

@@ -666,6 +666,42 @@ def _not_batched_check(specs) -> Check | None:
     )
 
 
+def _dense_check(element_spec) -> Check | None:
+    """FAIL when a component is ragged or sparse (rows of different lengths): a TPU takes
+    dense tensors of one shape, and every later check would blame another rule."""
+    import tensorflow as tf
+
+    def named(spec, where):
+        if isinstance(spec, dict):
+            return [n for k, v in spec.items() for n in named(v, f"{where}[{k!r}]")]
+        if isinstance(spec, tuple | list):
+            parts = ("features", "labels", "weights") if not where else ()
+            return [
+                n
+                for i, v in enumerate(spec)
+                for n in named(v, parts[i] if i < len(parts) else f"{where}[{i}]")
+            ]
+        kinds = (tf.RaggedTensorSpec, tf.SparseTensorSpec)
+        return [(where or "the element", spec)] if isinstance(spec, kinds) else []
+
+    found = named(element_spec, "")
+    if not found:
+        return None
+    listed = ", ".join(
+        f"{where} ({'ragged' if isinstance(spec, tf.RaggedTensorSpec) else 'sparse'})"
+        for where, spec in found
+    )
+    return Check(
+        "dense features",
+        FAIL,
+        f"{listed}: rows of different lengths; a TPU takes only dense tensors, each batch"
+        " of one fixed shape",
+        "pad every row to a fixed width: text.text_batches(..., boundaries=...) or"
+        " dataset.padded_batch(global_batch, padded_shapes=..., drop_remainder=True); a"
+        " ragged column: .to_tensor(shape=[None, width]) in a map",
+    )
+
+
 def _static_batch_check(specs) -> Check:
     unknown = [s for s in specs if s.shape.rank and s.shape[0] is None]
     return Check(
@@ -794,7 +830,8 @@ def preflight(
     dataset = as_dataset(dataset, "preflight's data")
     _check_preflight_call(dataset, batches)
     specs = tf.nest.flatten(dataset.element_spec)
-    checks = [c for c in [_not_batched_check(specs)] if c is not None]
+    found = [_not_batched_check(specs), _dense_check(dataset.element_spec)]
+    checks = [c for c in found if c is not None]
     if not checks:
         taken = list(dataset.take(batches))
         if not taken:
