@@ -256,6 +256,27 @@ def test_predict_classes_scores_every_example_once_over_the_devices(fixtures_dir
     np.testing.assert_array_equal(predictions[:6], ref["logits"][:6].argmax(-1))
 
 
+def test_predict_classes_on_data_that_ends_before_its_steps_names_both_counts(fixtures_dir):
+    """As on the TF engine (tests/test_metrics.py): no StopIteration from inside, and no
+    fewer rows than the steps promise without a word."""
+    import tensorflow as tf
+
+    from tpu_helpers.pipeline import from_dataset_fn
+
+    features, ref = reference(fixtures_dir, "distilbert")
+    model = keras3.classifier(fixtures_dir / "engines" / "distilbert", verbose=False)
+    rows = {k: v[:8] for k, v in features.items()}
+    data = tf.data.Dataset.from_tensor_slices((rows, ref["labels"][:8], np.ones(8, "float32")))
+    for given, dataset in [(0, data.take(0)), (1, data)]:
+        batches = from_dataset_fn(
+            lambda e, s, d=dataset: d.batch(8, drop_remainder=True),
+            steps_per_epoch=3,
+            global_batch=8,
+        )
+        with pytest.raises(ValueError, match=f"gave {given} batch.*3 step.*Fix:"):
+            keras3.predict_classes(model, batches)
+
+
 def test_a_run_directory_of_another_plan_is_refused_before_any_step(fixtures_dir, tmp_path):
     from tpu_helpers.pipeline import from_arrays
 

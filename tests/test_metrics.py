@@ -118,3 +118,30 @@ def test_matthews_correlation_of_several_classes_is_the_correlation_of_one_hot_l
         )
         assert abs(matthews_correlation(y, p, w) - expected) < 1e-12
     assert matthews_correlation([0, 1, 2], [0, 1, 2]) == 1.0
+
+
+def test_predict_classes_on_data_that_ends_before_its_steps_names_both_counts():
+    """An empty data set (or steps declared beyond the data): refused naming the batches
+    given and the steps promised, not a bare StopIteration (the Keras 3 engine's is in
+    tests/test_keras3.py)."""
+    import numpy as np
+    import pytest
+    import tensorflow as tf
+
+    from tpu_helpers import pipeline
+    from tpu_helpers.metrics import predict_classes
+
+    def model(features, training=False):
+        return tf.one_hot(features["input_ids"][:, 0] % 2, 2)
+
+    rows = {"input_ids": np.ones((8, 4), np.int32)}
+    data = tf.data.Dataset.from_tensor_slices((rows, np.zeros(8, np.int32), np.ones(8)))
+    strategy = tf.distribute.get_strategy()
+    for batches_given, dataset in [(0, data.take(0)), (1, data)]:
+        batches = pipeline.from_dataset_fn(
+            lambda e, s, d=dataset: d.batch(8, drop_remainder=True),
+            steps_per_epoch=3,
+            global_batch=8,
+        )
+        with pytest.raises(ValueError, match=f"gave {batches_given} batch.*3 step.*Fix:"):
+            predict_classes(model, batches, strategy)

@@ -356,8 +356,11 @@ class TfTrainer:
         local = strategy.experimental_local_results
         labels, preds, weights = [], [], []
         iterator = iter(dataset)
-        for _ in range(steps):
-            features, y, w = next(iterator)
+        for done in range(steps):
+            try:
+                features, y, w = next(iterator)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                raise batches.ran_out(done, "predict_classes") from None
             preds += [x.numpy() for x in local(step(features))]
             labels += [x.numpy() for x in local(y)]
             weights += [x.numpy() for x in local(w)]

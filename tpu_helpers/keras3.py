@@ -868,6 +868,8 @@ class JaxTrainer:
         steps = _steps_for(self.model, batches, where="predict_classes")
         count = batches.steps_per_epoch
         logits, labels, weights = steps.predict(steps.weights(), batches.dataset(0), count)
+        if len(labels) < count * batches.global_batch:  # the data ended before its steps
+            raise batches.ran_out(len(labels) // batches.global_batch, "predict_classes")
         return labels, np.argmax(logits, axis=-1), weights
 
 
@@ -880,7 +882,7 @@ def _steps_for(model, *batches, where: str):
     steps = Steps.of(model)
     for plan in given:
         plan.per_replica_batch(steps.devices)  # refused with the fix unless it splits
-    steps.build(next(given[0].dataset(0).take(1).as_numpy_iterator()))
+    steps.build(given[0].first_batch(where))
     return steps
 
 

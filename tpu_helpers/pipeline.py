@@ -273,6 +273,22 @@ class Batches:
                 " this embedding table."
             )
 
+    def ran_out(self, got: int, where: str) -> ValueError:
+        """The error for an epoch that ended after ``got`` of its ``steps_per_epoch``
+        batches (an empty data set, or steps declared beyond the data)."""
+        return ValueError(
+            f"{self.name} gave {got} batch(es) in {where}, but an epoch of them has"
+            f" {self.steps_per_epoch} step(s) of {self.global_batch} rows. Fix: check the data"
+            " they read (an empty split, a filter that dropped every row, a folder without"
+            " records), or declare the steps the data holds (pipeline.from_dataset_fn)."
+        )
+
+    def first_batch(self, where: str):
+        """The first global batch of epoch 0, as NumPy; refused by ``ran_out`` if none."""
+        for batch in self.dataset(0).take(1).as_numpy_iterator():
+            return batch
+        raise self.ran_out(0, where)
+
     def check_inputs(self, expected: Mapping[str, tuple] | None) -> None:
         """Refuse, before any step, features the model cannot take, naming each with its
         shape: ``expected`` is the model's inputs (``model_input_shapes``: name -> shape,
@@ -303,7 +319,7 @@ class Batches:
             if want is None:
                 continue
             wrong = len(shape) != len(want) or any(
-                w is not None and h is not None and w != h for h, w in zip(shape, want)
+                w is not None and h is not None and w != h for h, w in zip(shape, want, strict=True)
             )
             if wrong:
                 raise ValueError(

@@ -179,7 +179,7 @@ class CustomLoop:
     def evaluate(self, batches) -> dict:
         """Loss and accuracy over one pass of ``batches`` (a ``pipeline.Batches``; the
         weight-0 fillers count for nothing)."""
-        from tpu_helpers.pipeline import model_input_shapes, require_batches
+        from tpu_helpers.pipeline import require_batches
 
         batches = require_batches(batches, "CustomLoop.evaluate")
         self.val_loss.reset_state()
