@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
-# The main job: execute every notebook on CPU with the offline fixtures and write
-# build/notebooks/*.ipynb plus build/report/report.html: the seeds' track (notebooks/tf/,
-# into build/notebooks/tf/) in the CPU stack (the TF engine; it also builds the fixtures,
-# whose reference numbers come from that engine), then the main track (notebooks/) in the
-# Keras 3 stack (Keras 3 and KerasHub on JAX); one report of both. Arguments go to both
-# runs (tools/run_notebooks.py); a failed notebook in the first does not stop the second,
-# and the exit status says whether any failed.
+# The main job: execute the main track's notebooks (notebooks/: Keras 3 and KerasHub on
+# JAX, what Colab's and Kaggle's TPU runtimes run) on CPU with the offline fixtures and
+# write build/notebooks/*.ipynb plus build/report/report.html. The fixtures are built in
+# the CPU stack (their reference numbers come from the TF engine); the notebooks run in
+# the Keras 3 stack. With --seeds, the seeds' track (notebooks/tf/, the TF engine) runs
+# first in the CPU stack, into build/notebooks/tf/, and the report holds both tracks (the
+# tests run both tracks anyway). Other arguments go to tools/run_notebooks.py (--only 01);
+# a failed seeds' notebook does not stop the main track, and the exit status says whether
+# any failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+seeds=0
+args=()
+for arg in "$@"; do
+  if [ "$arg" = --seeds ]; then seeds=1; else args+=("$arg"); fi
+done
 status=0
-(STACK=cpu && source tools/env.sh && python tools/run_notebooks.py --engine tf "$@") || status=$?
+report=()
+if [ "$seeds" = 1 ]; then
+  (STACK=cpu && source tools/env.sh &&
+    python tools/run_notebooks.py --engine tf "${args[@]}") || status=$?
+  report=(--report-all)
+else
+  (STACK=cpu && source tools/env.sh &&
+    python tools/run_notebooks.py --fixtures-only "${args[@]}") || exit $?
+fi
 (STACK=keras3 && source tools/env.sh &&
-  python tools/run_notebooks.py --engine keras3 --report-all "$@") || status=$?
+  python tools/run_notebooks.py --engine keras3 "${report[@]}" "${args[@]}") || status=$?
 exit "$status"

@@ -143,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="executed notebooks (default BUILD/notebooks)")
     parser.add_argument("--prepare-only", action="store_true", help="inject parameters, do not run")
     parser.add_argument(
+        "--fixtures-only",
+        action="store_true",
+        help="build the offline fixtures into BUILD/fixtures and stop (in the CPU stack: their"
+        " reference numbers come from the TF engine)",
+    )
+    parser.add_argument(
         "--only",
         action="append",
         default=[],
@@ -210,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = args.engine or choose_engine(detect_runtime()).engine
 
     build = Path(args.build).resolve()
+    if args.fixtures_only:
+        build_fixtures(build / "fixtures")
+        return 0
     top = Path(args.out).resolve() if args.out else build / "notebooks"
     out = top / "tf" if engine == "tf" else top  # the seeds' track beside the main one
     out.mkdir(parents=True, exist_ok=True)
