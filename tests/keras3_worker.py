@@ -1,9 +1,15 @@
 """Fine-tune the tiny DistilBERT on the Keras 3 engine with ``keras3.fit_resumable``, for
 ``test_keras3``: on notebook 01's bucketed batches of the CoLA-like fixture, 8 devices,
 two steps fused per call, saving every 3 steps; uninterrupted, or killed with SIGKILL at
-the end of the first call of the first epoch that reaches ``--kill-at`` steps. Writes the final weights (``--out``, .npz) and the history (the same name, .json).
+the end of the first call of the first epoch that reaches ``--kill-at`` steps. Writes the
+final weights (``--out``, .npz) and the history (the same name, .json). With
+``--processes 2``, one of two JAX processes on loopback (a pod slice's two hosts, each with
+``--devices`` of its own, JAX's CPU collectives between them); each writes its weights
+(``-1`` added to the name of the second's).
 
     python tests/keras3_worker.py FIXTURES --dir CKPT --out weights.npz [--kill-at 7]
+    python tests/keras3_worker.py FIXTURES --dir CKPT --out w.npz --devices 4 \
+        --processes 2 --process-id 0 --port 23456
 """
 
 import argparse
@@ -25,8 +31,20 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--kill-at", type=int, default=0)
     parser.add_argument("--devices", type=int, default=8)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--process-id", type=int, default=0)
+    parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args()
 
+    if args.processes > 1:  # before JAX's backend starts, as on a pod slice's hosts
+        import jax
+
+        os.environ.pop("XLA_FLAGS", None)  # each process's own count, not the leg's 8
+        os.environ.update(keras3.simulation_env(args.devices))
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            f"127.0.0.1:{args.port}", num_processes=args.processes, process_id=args.process_id
+        )
     keras3.connect(args.devices)
     import keras
 
@@ -55,8 +73,9 @@ def main():
     history = keras3.fit_resumable(
         model, train, EPOCHS, args.dir, every_steps=3, callbacks=[Killer()], verbose=0
     )
-    np.savez(args.out, *[np.asarray(v.value) for v in model.weights])
-    with open(args.out.removesuffix(".npz") + ".json", "w") as f:
+    out = args.out.removesuffix(".npz") + (f"-{args.process_id}" if args.process_id else "")
+    np.savez(f"{out}.npz", *[np.asarray(v.value) for v in model.weights])
+    with open(f"{out}.json", "w") as f:
         json.dump(history, f)
 
 

@@ -548,7 +548,7 @@ def test_a_global_batch_the_devices_cannot_split_is_refused_before_any_step(fixt
         keras3.predict_classes(model, twelve)
 
 
-def _train(fixtures_dir, tmp_path, name, kill_at=0):
+def _worker(fixtures_dir, tmp_path, name, kill_at=0):
     command = [
         sys.executable,
         str(ROOT / "tests" / "keras3_worker.py"),
@@ -560,13 +560,26 @@ def _train(fixtures_dir, tmp_path, name, kill_at=0):
     ]
     if kill_at:
         command += ["--kill-at", str(kill_at)]
+    return command
+
+
+def _train(fixtures_dir, tmp_path, name, kill_at=0):
+    command = _worker(fixtures_dir, tmp_path, name, kill_at)
     return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 
-def test_a_killed_run_resumes_to_the_weights_of_one_that_never_stopped(fixtures_dir, tmp_path):
-    whole = _train(fixtures_dir, tmp_path / "whole", "final")
+@pytest.fixture(scope="module")
+def uninterrupted(fixtures_dir, tmp_path_factory):
+    """The folder of the worker's run in one process of 8 devices, never stopped."""
+    folder = tmp_path_factory.mktemp("whole")
+    whole = _train(fixtures_dir, folder, "final")
     assert whole.returncode == 0, whole.stderr[-3000:]
+    return folder
 
+
+def test_a_killed_run_resumes_to_the_weights_of_one_that_never_stopped(
+    fixtures_dir, uninterrupted, tmp_path
+):
     killed = _train(fixtures_dir, tmp_path / "killed", "final", kill_at=6)
     assert killed.returncode == -9, killed.stderr[-3000:]  # SIGKILL, between two saves
     latest = json.loads((tmp_path / "killed" / "run" / "latest.json").read_text())
@@ -576,11 +589,54 @@ def test_a_killed_run_resumes_to_the_weights_of_one_that_never_stopped(fixtures_
 
     history = json.loads((tmp_path / "killed" / "final.json").read_text())
     assert len(history["loss"]) == 2  # both epochs, the first from the killed session
-    want = np.load(tmp_path / "whole" / "final.npz")
+    want = np.load(uninterrupted / "final.npz")
     got = np.load(tmp_path / "killed" / "final.npz")
     assert len(want.files) == len(got.files) > 10
     for key in want.files:
         np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_two_processes_on_loopback_train_as_one_process_of_as_many_devices(
+    fixtures_dir, uninterrupted, tmp_path
+):
+    """A pod slice's two hosts, rehearsed: two JAX processes of 4 CPU devices each, JAX's
+    CPU collectives between them on 127.0.0.1, train the worker's run (saves every 3 steps,
+    two epochs) to the weights of one process of 8 devices on the same global batches; both
+    end with the same weights and history, and the saves are one run's."""
+    import socket
+
+    with socket.socket() as probe:  # a free port on loopback for the coordinator
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = _worker(fixtures_dir, tmp_path, "final")
+    hosts = [
+        subprocess.Popen(
+            [*command, "--devices", "4", "--processes", "2", "--process-id", str(i)]
+            + ["--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for i in (0, 1)
+    ]
+    try:
+        ended = [host.communicate(timeout=600) for host in hosts]
+    finally:
+        for host in hosts:
+            host.kill()
+    for host, (_, err) in zip(hosts, ended, strict=True):
+        assert host.returncode == 0, err[-3000:]
+    want = np.load(uninterrupted / "final.npz")
+    first, second = np.load(tmp_path / "final.npz"), np.load(tmp_path / "final-1.npz")
+    assert len(want.files) == len(first.files) > 10
+    for key in want.files:
+        np.testing.assert_array_equal(second[key], first[key])
+        np.testing.assert_allclose(first[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
+    history = [json.loads((tmp_path / name).read_text()) for name in ("final.json", "final-1.json")]
+    assert history[0] == history[1] and len(history[0]["loss"]) == 2
+    latest = json.loads((tmp_path / "run" / "latest.json").read_text())
+    assert (latest["epoch"], latest["step"]) == (2, 0)
 
 
 def test_image_preprocessing_is_read_without_pytorch(fixtures_dir, tmp_path):

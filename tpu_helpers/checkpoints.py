@@ -269,8 +269,14 @@ class TfTrainer:
         self.max_to_keep = self.fit_kwargs.pop("max_to_keep", 2)  # checkpoints kept
         self.strategy = getattr(model, "distribute_strategy", None)
 
+    writer = True  # one process: a TPU VM or a Colab/Kaggle runtime
+
     def steps_per_epoch(self, batches) -> int:
         return batches.steps_on(self.strategy)
+
+    @staticmethod
+    def agree(flag: bool) -> bool:
+        return flag
 
     def model_config(self):
         return model_config(self.model)

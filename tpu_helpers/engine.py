@@ -16,10 +16,13 @@ What differs is an engine's ``Trainer`` (the seam):
 ==========================  ============================================================
 
 A trainer has ``steps_per_epoch(batches)``, ``check(train, validation)``, ``model_config()``
-(the positions, classes and vocabulary the batches are checked against), ``source_fingerprint()`` (of the checkpoint loaded, or None), ``open(directory, run, epochs) -> (epoch, step)`` (restore, or save
-the start), ``train_epoch(train,
-validation, epoch, first_step, after_call, callbacks) -> logs``, ``save(epoch, step)``,
-``finish()`` and ``predict(batches) -> (labels, predictions, weights)``.
+(the positions, classes and vocabulary the batches are checked against),
+``source_fingerprint()`` (of the checkpoint loaded, or None), ``open(directory, run,
+epochs) -> (epoch, step)`` (restore, or save the start), ``train_epoch(train, validation,
+epoch, first_step, after_call, callbacks) -> logs``, ``save(epoch, step)``, ``finish()``,
+``predict(batches) -> (labels, predictions, weights)``, ``writer`` (whether this process
+writes the run's files: one of a pod slice's hosts) and ``agree(flag) -> bool`` (the flag
+of that process, in every process: a save that is due by the clock is due on every host).
 
 ``trainer_for(model)`` picks the engine from the model itself: a Keras 3 model (KerasHub,
 ``keras3.classifier``) goes to the JAX trainer, a tf-keras one to the TF trainer.
@@ -113,14 +116,15 @@ def check_save_every(every_steps, every_minutes, directory: str | None = "-") ->
 
 class History:
     """Each epoch's logs in ``directory/history.json``, so that a run resumed in another
-    process returns (and plots) the epochs of the processes before it too. An epoch
+    process returns (and plots) the epochs of the processes before it too (written by the
+    process that ``write``s: one per run). An epoch
     resumed in the middle reports the metrics of the steps it ran after the resume; an
     epoch trained again (a kill between its row and its save) replaces its row."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, write: bool = True):
         import tensorflow as tf
 
-        self.gfile = tf.io.gfile
+        self.gfile, self.write = tf.io.gfile, write
         self.path = f"{directory.rstrip('/')}/history.json"
         self.epochs: dict[str, dict] = {}
         if self.gfile.exists(self.path):
@@ -129,6 +133,8 @@ class History:
 
     def add(self, epoch: int, logs: dict) -> None:
         self.epochs[str(epoch)] = {k: [float(v)] for k, v in logs.items()}
+        if not self.write:  # another process writes the file
+            return
         self.gfile.makedirs(self.path.rsplit("/", 1)[0])
         with self.gfile.GFile(f"{self.path}.partial", "w") as f:  # a kill leaves the old
             json.dump(self.epochs, f, indent=1)
@@ -195,7 +201,7 @@ def fit_resumable(
     if source:  # a folder of another checkpoint's run is not resumed in its place
         run.setdefault("checkpoint", source)
     epoch, first = trainer.open(directory, run, epochs)
-    history = History(directory)
+    history = History(directory, write=trainer.writer)
     if epoch >= epochs:
         log(f"already trained: {epoch} epoch(s) of {steps} steps")
     model.stop_training = False
@@ -203,7 +209,7 @@ def fit_resumable(
         cadence.restart(first)
 
         def after_call(step, epoch=epoch):
-            if step < steps and cadence.due(step):
+            if step < steps and trainer.agree(cadence.due(step)):
                 trainer.save(epoch, step)
                 cadence.restart(step)
 

@@ -24,7 +24,11 @@ given to ``model.compile``) inside functions jitted once here, so that
   axis, while the step runs;
 * the state (weights, optimizer, dropout seeds, metrics) stays on the devices between
   calls, and goes back to the model's variables at an epoch's end;
-* ``compiles`` counts the compilations by kind and shape, a number to read after an epoch.
+* ``compiles`` counts the compilations by kind and shape, a number to read after an epoch;
+* with several JAX processes (a pod slice's hosts, after ``jax.distributed.initialize()``)
+  the devices are every process's: each process reads the same global batches (the
+  pipelines are seeded alike) and puts on its own devices their rows of each (``put``),
+  and gathers the rows of every host to predict.
 
 >>> steps = Steps.of(model)                                          # doctest: +SKIP
 >>> steps.compiles                      # {('train', 'input_ids[32,64] ...'): 1, ...}
@@ -43,7 +47,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Steps", "EpochReport", "shape_key", "one_width_runs", "COMPILER_OPTIONS"]
+__all__ = [
+    "Steps",
+    "EpochReport",
+    "shape_key",
+    "one_width_runs",
+    "variable_values",
+    "COMPILER_OPTIONS",
+]
 
 # XLA options for the steps compiled here, by platform. On a CPU, LLVM's optimization level
 # 1 instead of 2 compiled a tiny DistilBERT's fused train step in about 30% less time with
@@ -205,10 +216,10 @@ class Steps:
             wide = _at_width(batch, width)
             if kind == "train":
                 stack = jax.tree.map(lambda a: np.broadcast_to(a, (self.per_call, *a.shape)), wide)
-                stack = jax.device_put(stack, self.stacked)
-                args = (state, stack, jax.device_put(np.ones(self.per_call, bool), self.replicated))
+                stack = put(stack, self.stacked)
+                args = (state, stack, put(np.ones(self.per_call, bool), self.replicated))
             else:
-                args = ((*state[:2], state[3]), jax.device_put(wide, self.split))
+                args = ((*state[:2], state[3]), put(wide, self.split))
             key = (kind, _avals(args))
             if key not in self._executables:
                 lowered = self._lower(kind, args)
@@ -233,27 +244,20 @@ class Steps:
     def state(self) -> tuple:
         """The model's variables as a new state on the devices (copies: a state is
         consumed by the step on a TPU), the metrics reset."""
-        import jax
 
-        model = self.model
-        values = (
-            [v.value for v in model.trainable_variables],
-            [v.value for v in model.non_trainable_variables],
-            [v.value for v in self.optimizer.variables],
-            [np.zeros(v.shape, v.dtype) for v in model.metrics_variables],
-        )
-        return jax.device_put(values, self.replicated, may_alias=False)
+        metrics = [np.zeros(v.shape, v.dtype) for v in self.model.metrics_variables]
+        values = (*variable_values(self.model, self.optimizer), metrics)
+        return put(values, self.replicated, may_alias=False)
 
     def weights(self) -> tuple:
         """The model's trainable and non-trainable variables on the devices, for
         ``evaluate`` and ``predict``."""
-        import jax
 
         values = (
             [v.value for v in self.model.trainable_variables],
             [v.value for v in self.model.non_trainable_variables],
         )
-        return jax.device_put(values, self.replicated)
+        return put(values, self.replicated)
 
     def saved_values(self, state) -> list[np.ndarray]:
         """The state's weights, non-trainable variables and optimizer, on the host, in the
@@ -316,7 +320,7 @@ class Steps:
         non-trainable values: a state's first two)."""
         import jax
 
-        metrics = jax.device_put(
+        metrics = put(
             [np.zeros(v.shape, v.dtype) for v in self.model.metrics_variables], self.replicated
         )
         for batch, _, _ in _Feed(self, dataset.take(steps), None):
@@ -327,13 +331,24 @@ class Steps:
         """The model's outputs for ``steps`` batches of ``dataset`` (``(features, labels,
         weights)``), with ``weights`` (as in ``evaluate``): ``(outputs, labels, weights)``
         concatenated on the host, from one reading of the dataset."""
-        import jax
 
         found = [
-            (self._run("predict", weights, batch[0]), batch[1], batch[2])
+            (_to_host(self._run("predict", weights, batch[0])), *_to_host(batch[1:]))
             for batch, _, _ in _Feed(self, dataset.take(steps), None)
         ]
-        return tuple(np.concatenate(part) for part in zip(*jax.device_get(found), strict=True))
+        return tuple(np.concatenate(part) for part in zip(*found, strict=True))
+
+
+def variable_values(model, optimizer=None) -> tuple:
+    """``(trainable, non_trainable, optimizer)``: the values of a model's variables and of
+    its optimizer's (``model.optimizer`` unless given), in their order: the state a JAX
+    training step takes and returns (with the metrics' values after them in Keras')."""
+    optimizer = optimizer if optimizer is not None else model.optimizer
+    return (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in optimizer.variables],
+    )
 
 
 def compile_workers(programs: int) -> int:
@@ -348,6 +363,39 @@ def _avals(args) -> tuple:
     import jax
 
     return tuple((np.shape(a), str(a.dtype)) for a in jax.tree.leaves(args))
+
+
+def put(tree, sharding, may_alias=None):
+    """``jax.device_put(tree, sharding)``. With several JAX processes each host array of
+    ``tree`` is the global value (the same in every process), cut here into this process's
+    shards: ``jax.device_put`` would first compare it across the processes, a collective
+    that the thread feeding the steps must not run beside the steps' own."""
+    import jax
+
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding, may_alias=may_alias)
+
+    def one(leaf):
+        if isinstance(leaf, jax.Array):
+            return jax.device_put(leaf, sharding, may_alias=may_alias)
+        value = np.asarray(leaf)
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+    return jax.tree.map(one, tree)
+
+
+def _to_host(tree):
+    """Arrays split over the devices, whole on the host: of every process's devices when
+    there are several (each host of a pod slice gets every row)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return jax.tree.map(
+        lambda a: np.asarray(multihost_utils.process_allgather(a, tiled=True)), tree
+    )
 
 
 def _sharding(array):
@@ -381,11 +429,6 @@ def _mesh():
         found = np.asarray(jax.devices()[:1])
     else:
         found = np.asarray(distribution.device_mesh.devices).reshape(-1)
-    if jax.process_count() > 1:
-        raise NotImplementedError(
-            f"{jax.process_count()} JAX processes: the Keras 3 engine's steps feed the"
-            " devices of one process. Fix: run on one host (a v5e-8 or smaller)."
-        )
     return jax.sharding.Mesh(found, ("batch",))
 
 
@@ -439,10 +482,9 @@ class _Feed:
             self._put(error)
 
     def _place(self, batch):
-        import jax
 
         count = _count([batch])
-        return jax.device_put(tuple(batch), self.steps.split), None, count
+        return put(tuple(batch), self.steps.split), None, count
 
     def _stack(self, group: list):
         import jax
@@ -452,8 +494,8 @@ class _Feed:
         stack = jax.tree.map(lambda *rows: np.stack(rows), *[tuple(b) for b in filled])
         active = np.arange(self.per_call) < len(group)
         return (
-            jax.device_put(stack, self.steps.stacked),
-            jax.device_put(active, self.steps.replicated),
+            put(stack, self.steps.stacked),
+            put(active, self.steps.replicated),
             count,
         )
 

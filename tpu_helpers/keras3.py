@@ -96,7 +96,9 @@ def devices(simulated_replicas: int = 0) -> list:
     CPU devices exist only if ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` was set
     before JAX's backend started (its first ``jax.devices()``, not ``import jax``); this
     sets ``simulation_env``, which a started backend no longer reads, and sets Keras'
-    backend to JAX when Keras has not been imported yet.
+    backend to JAX when Keras has not been imported yet. On a pod slice (several hosts),
+    call ``jax.distributed.initialize()`` on every host first: the devices are then every
+    host's (``simulated_replicas``, off a TPU, counts each process's own).
     """
     if simulated_replicas:  # read when JAX's backend starts: at the first jax.devices()
         for name, value in simulation_env(simulated_replicas, os.environ).items():
@@ -104,8 +106,8 @@ def devices(simulated_replicas: int = 0) -> list:
     _keras()
     import jax
 
-    found = jax.devices()
-    if simulated_replicas and found[0].platform == "cpu":
+    found = jax.devices()  # of every process: a pod slice's hosts each feed their own
+    if simulated_replicas and found[0].platform == "cpu" and jax.process_count() == 1:
         if len(found) < simulated_replicas:
             raise EngineError(
                 f"simulated_replicas={simulated_replicas}, but JAX started with"
@@ -159,6 +161,25 @@ def connect(simulated_replicas: int = 0):
 def replicas(distribution) -> int:
     """How many devices ``distribution`` splits a batch over."""
     return int(np.asarray(distribution.device_mesh.devices).size)
+
+
+def is_writer() -> bool:
+    """Whether this process writes a run's files: the only one, or the first of several
+    JAX processes (a pod slice's hosts, started with ``jax.distributed.initialize()``)."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def all_processes_reach(name: str) -> None:
+    """Wait here until every JAX process has reached the point ``name`` (nothing with one
+    process): a host reads a save only after the one that writes it has."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 # ----------------------------------------------------------------------------- heads
@@ -653,14 +674,18 @@ class RunSaves:
     """A run's saves in ``directory`` (local or ``gs://``): ``state-<epoch>-<step>.npz``
     and ``latest.json`` naming the newest, written
     after it, so a save that stops half-way is never the one resumed. The two newest
-    states are kept. ``fit_resumable`` saves through it; so can a loop of one's own
+    states are kept. Of several JAX processes (a pod slice's hosts), the first writes and
+    every one waits for it (``save``), and every one reads (``restore``): the folder must
+    be one they share (``gs://``). ``fit_resumable`` saves through it; so can a loop of one's own
     (``save(model, ResumePoint(epoch, step), values)`` with the values of the model's
     trainable, non-trainable and optimizer variables, in that order; ``restore(model)``)."""
 
     def __init__(self, directory: str, run: dict, log=print):
         self.directory, self.run, self.gfile = directory.rstrip("/"), run, _gfile()
-        self.log = log
-        self.gfile.makedirs(self.directory)
+        self.log, self.writer = log, is_writer()
+        if self.writer:
+            self.gfile.makedirs(self.directory)
+        all_processes_reach(f"folder {self.directory}")  # it exists for every host
 
     def _write(self, name: str, data: bytes) -> None:
         partial = f"{self.directory}/{name}.partial"
@@ -679,6 +704,9 @@ class RunSaves:
         """Save ``values`` (in the order of ``_state(model)``; the variables' own values
         when ``None``) as the state at ``point``."""
         variables = _state(model)
+        if not self.writer:  # one host of a pod slice writes; the others wait for it
+            all_processes_reach(f"save {point}")
+            return
         if values is None:
             values = [np.asarray(v.value) for v in variables]
         buffer = io.BytesIO()
@@ -702,6 +730,7 @@ class RunSaves:
         keep = (name, latest["previous"])
         if old and old not in keep and self.gfile.exists(f"{self.directory}/{old}"):
             self.gfile.remove(f"{self.directory}/{old}")
+        all_processes_reach(f"save {point}")
 
     def restore(self, model) -> ResumePoint:
         """The point to resume from (``(0, 0)`` for a new run), with the saved state put
@@ -770,6 +799,18 @@ class JaxTrainer:
     def __init__(self, model, *, log=print, verbose=2):
         self.model, self.log, self.verbose = model, log, verbose
         self.hooks = None
+        self.writer = is_writer()
+
+    @staticmethod
+    def agree(flag: bool) -> bool:
+        """The first process's ``flag``, in every process (each one's clock may differ)."""
+        import jax
+
+        if jax.process_count() == 1:
+            return flag
+        from jax.experimental import multihost_utils
+
+        return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
 
     def steps_per_epoch(self, batches) -> int:
         return batches.steps_per_epoch
@@ -799,8 +840,10 @@ class JaxTrainer:
 
     def open(self, directory: str, run: dict, epochs: int) -> tuple[int, int]:
         self.saves, self.epochs = RunSaves(directory, run, self.log), epochs
+        new = self.saves.latest() is None
         point = self.saves.restore(self.model)
-        if self.saves.latest() is None:  # the start: what a re-run after an interrupt reads
+        all_processes_reach(f"read {directory}")  # before the first process writes there
+        if new:  # the start: what a re-run after an interrupt reads
             self.saves.save(self.model, ResumePoint(0, 0))
         self.first_epoch, self.compiled = point.epoch, sum(self.steps.compiles.values())
         return point.epoch, point.step

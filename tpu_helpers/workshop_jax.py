@@ -122,12 +122,11 @@ def check_global_mean(weighted_mean: Callable, devices, exercise: str = "00.2") 
 # --- 02 ---------------------------------------------------------------------------------
 def model_state(model) -> tuple:
     """``(trainable, non_trainable, optimizer)``: the values of a compiled model's
-    variables, in their order, the state a JAX training step takes and returns."""
-    return (
-        [v.value for v in model.trainable_variables],
-        [v.value for v in model.non_trainable_variables],
-        [v.value for v in model.optimizer.variables],
-    )
+    variables, in their order, the state a JAX training step takes and returns
+    (``jax_steps.variable_values``, as the engine's steps read it)."""
+    from tpu_helpers.jax_steps import variable_values
+
+    return variable_values(model)
 
 
 def _fits_step(model, state, batch):
