@@ -609,24 +609,27 @@ def test_two_processes_on_loopback_train_as_one_process_of_as_many_devices(
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = _worker(fixtures_dir, tmp_path, "final")
-    hosts = [
-        subprocess.Popen(
-            [*command, "--devices", "4", "--processes", "2", "--process-id", str(i)]
-            + ["--port", str(port)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
-        for i in (0, 1)
-    ]
+    logs = [tmp_path / f"host-{i}.log" for i in (0, 1)]  # files: a full pipe would stall a host
+    hosts = []
+    for i, log in enumerate(logs):
+        with log.open("w") as out:
+            hosts.append(
+                subprocess.Popen(
+                    [*command, "--devices", "4", "--processes", "2", "--process-id", str(i)]
+                    + ["--port", str(port)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                )
+            )
     try:
-        ended = [host.communicate(timeout=600) for host in hosts]
+        for host in hosts:
+            host.wait(timeout=600)
     finally:
         for host in hosts:
             host.kill()
-    for host, (_, err) in zip(hosts, ended, strict=True):
-        assert host.returncode == 0, err[-3000:]
+    for host, log in zip(hosts, logs, strict=True):
+        assert host.returncode == 0, log.read_text()[-3000:]
     want = np.load(uninterrupted / "final.npz")
     first, second = np.load(tmp_path / "final.npz"), np.load(tmp_path / "final-1.npz")
     assert len(want.files) == len(first.files) > 10

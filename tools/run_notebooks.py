@@ -12,8 +12,9 @@ A notebook runs on one engine (``engine_of``, its metadata ``tpu_helpers.engine`
 track (``notebooks/``) on Keras 3 and JAX, the seeds' track (``notebooks/tf/``) on the TF engine
 (``tracks.py``). A run takes the notebooks of the engine this environment favours
 (``runtime.choose_engine``), or of ``--engine``; the seeds' track is written to ``OUT/tf/``.
-``tools/run.sh`` runs each environment in turn and ``--report-all`` writes one report of every
-executed notebook.
+``tools/run.sh`` builds the fixtures in the CPU stack (``--fixtures-only``) and runs the main
+track in the Keras 3 stack; with ``--seeds`` it runs the seeds' track first, and
+``--report-all`` then writes one report of every executed notebook.
 
 Parameters come from ``<params>/<notebook stem>.yaml`` (``tests/params/``, ``tests/params/tf/``
 for the seeds' track), and a notebook runs once more for each

@@ -330,13 +330,16 @@ class Steps:
     def predict(self, weights, dataset, steps: int) -> tuple:
         """The model's outputs for ``steps`` batches of ``dataset`` (``(features, labels,
         weights)``), with ``weights`` (as in ``evaluate``): ``(outputs, labels, weights)``
-        concatenated on the host, from one reading of the dataset."""
-
+        concatenated on the host, from one reading of the dataset, and the number of batches
+        read (fewer than ``steps`` where the data ended first)."""
         found = [
-            (_to_host(self._run("predict", weights, batch[0])), *_to_host(batch[1:]))
+            (self._run("predict", weights, batch[0]), *batch[1:])
             for batch, _, _ in _Feed(self, dataset.take(steps), None)
         ]
-        return tuple(np.concatenate(part) for part in zip(*found, strict=True))
+        if not found:
+            return None, None, None, 0
+        parts = _to_host(list(zip(*found, strict=True)))
+        return (*(np.concatenate(part) for part in parts), len(found))
 
 
 def variable_values(model, optimizer=None) -> tuple:
@@ -425,6 +428,13 @@ def _mesh():
     import keras
 
     distribution = keras.distribution.distribution()
+    if distribution is None and jax.process_count() > 1:
+        from tpu_helpers.errors import EngineError
+
+        raise EngineError(
+            f"{jax.process_count()} JAX processes and no devices chosen. Fix:"
+            " keras3.connect() on every host, after jax.distributed.initialize()."
+        )
     if distribution is None:
         found = np.asarray(jax.devices()[:1])
     else:

@@ -171,6 +171,34 @@ def is_writer() -> bool:
     return jax.process_index() == 0
 
 
+def first_process_says(flag: bool) -> bool:
+    """The first JAX process's ``flag``, in every process (a clock or a write that only the
+    first one has); ``flag`` itself with one process."""
+    import jax
+
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
+
+
+def same_on_every_process(value, what: str) -> None:
+    """Refuse, in every JAX process, a ``value`` (numbers) that differs between them."""
+    import jax
+
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    found = np.asarray(multihost_utils.process_allgather(np.asarray(value)))
+    if not (found == found[0]).all():
+        raise EngineError(
+            f"the hosts disagree on {what}: {found.tolist()} (one row per host). Fix: a save"
+            " folder every host reads alike (gs://), and the same code and data on each."
+        )
+
+
 def all_processes_reach(name: str) -> None:
     """Wait here until every JAX process has reached the point ``name`` (nothing with one
     process): a host reads a save only after the one that writes it has."""
@@ -703,10 +731,20 @@ class RunSaves:
     def save(self, model, point: ResumePoint, values=None) -> None:
         """Save ``values`` (in the order of ``_state(model)``; the variables' own values
         when ``None``) as the state at ``point``."""
+        failed = None
+        if self.writer:  # one host of a pod slice writes; the others wait for it
+            try:
+                self._save(model, point, values)
+            except Exception as error:  # told to every host, then raised on each
+                failed = error
+        if not first_process_says(failed is None):
+            raise failed or EngineError(
+                f"the first host could not write the save at {point} in {self.directory}"
+                " (its log says why). Fix: a folder every host can write to (gs://)."
+            )
+
+    def _save(self, model, point: ResumePoint, values) -> None:
         variables = _state(model)
-        if not self.writer:  # one host of a pod slice writes; the others wait for it
-            all_processes_reach(f"save {point}")
-            return
         if values is None:
             values = [np.asarray(v.value) for v in variables]
         buffer = io.BytesIO()
@@ -730,7 +768,6 @@ class RunSaves:
         keep = (name, latest["previous"])
         if old and old not in keep and self.gfile.exists(f"{self.directory}/{old}"):
             self.gfile.remove(f"{self.directory}/{old}")
-        all_processes_reach(f"save {point}")
 
     def restore(self, model) -> ResumePoint:
         """The point to resume from (``(0, 0)`` for a new run), with the saved state put
@@ -801,16 +838,7 @@ class JaxTrainer:
         self.hooks = None
         self.writer = is_writer()
 
-    @staticmethod
-    def agree(flag: bool) -> bool:
-        """The first process's ``flag``, in every process (each one's clock may differ)."""
-        import jax
-
-        if jax.process_count() == 1:
-            return flag
-        from jax.experimental import multihost_utils
-
-        return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
+    agree = staticmethod(first_process_says)  # each host's clock may differ
 
     def steps_per_epoch(self, batches) -> int:
         return batches.steps_per_epoch
@@ -842,7 +870,7 @@ class JaxTrainer:
         self.saves, self.epochs = RunSaves(directory, run, self.log), epochs
         new = self.saves.latest() is None
         point = self.saves.restore(self.model)
-        all_processes_reach(f"read {directory}")  # before the first process writes there
+        same_on_every_process([new, point.epoch, point.step], "the save to resume from")
         if new:  # the start: what a re-run after an interrupt reads
             self.saves.save(self.model, ResumePoint(0, 0))
         self.first_epoch, self.compiled = point.epoch, sum(self.steps.compiles.values())
@@ -895,7 +923,7 @@ class JaxTrainer:
         return logs
 
     def save(self, epoch: int, step: int) -> None:
-        values = self.steps.saved_values(self.state)
+        values = self.steps.saved_values(self.state) if self.writer else None
         self.saves.save(self.model, ResumePoint(epoch, step), values)
 
     def finish(self) -> None:
@@ -910,9 +938,9 @@ class JaxTrainer:
             )
         steps = _steps_for(self.model, batches, where="predict_classes")
         count = batches.steps_per_epoch
-        logits, labels, weights = steps.predict(steps.weights(), batches.dataset(0), count)
-        if len(labels) < count * batches.global_batch:  # the data ended before its steps
-            raise batches.ran_out(len(labels) // batches.global_batch, "predict_classes")
+        logits, labels, weights, read = steps.predict(steps.weights(), batches.dataset(0), count)
+        if read < count:  # the data ended before its steps
+            raise batches.ran_out(read, "predict_classes")
         return labels, np.argmax(logits, axis=-1), weights
 
 

@@ -291,24 +291,30 @@ class Batches:
 
     def check_inputs(self, expected: Mapping[str, tuple] | None) -> None:
         """Refuse, before any step, features the model cannot take, naming each with its
-        shape: ``expected`` is the model's inputs (``model_input_shapes``: name -> shape,
-        ``None`` where any size goes); nothing is checked without it. Refused: a feature of
-        another rank (a 1-D ``input_ids``: an unbatched or flattened column), a fixed size
-        that differs (images of 64x64 for a model of 32x32), per-token features of different
-        widths in one batch, and features that hold none of the model's inputs."""
+        shape: ``expected`` is the model's inputs as transformers' TF classes say them
+        (``model_input_shapes``: name -> shape, ``None`` where any size goes); nothing is
+        checked without it. Refused: a feature of another rank (a 1-D ``input_ids``: an
+        unbatched or flattened column), an image of other channels (channels last for a
+        model that takes them first), per-token columns of one text of different widths,
+        and features that hold none of the model's inputs. Sizes a signature fixes
+        elsewhere are not held (transformers writes 224 for models that take any size)."""
         if not expected:
             return
         features = self.dataset(0).element_spec
         features = features[0] if isinstance(features, tuple) else features
         if not isinstance(features, Mapping):
             return  # a model called on one tensor: its rank is its own business
-        shapes = {name: tuple(spec.shape) for name, spec in features.items()}
+        shapes = {
+            name: tuple(spec.shape)
+            for name, spec in features.items()
+            if getattr(spec.shape, "rank", None) is not None  # unknown: not judged
+        }
 
         def shown(named):
             return ", ".join(f"{k} {_shape_text(v)}" for k, v in named.items())
 
         wants = f"the model takes {shown(expected)} (None: any size)"
-        if not set(shapes) & set(expected):
+        if not set(features) & set(expected):
             raise ValueError(
                 f"{self.name} give {shown(shapes)}, none of the model's inputs: {wants}. Fix:"
                 " name the features as the model's inputs (the tokenizer's or image"
@@ -318,22 +324,23 @@ class Batches:
             want = expected.get(name)
             if want is None:
                 continue
-            wrong = len(shape) != len(want) or any(
-                w is not None and h is not None and w != h for h, w in zip(shape, want, strict=True)
-            )
-            if wrong:
+            other_rank = len(shape) != len(want)
+            other_channels = (  # an image: rows x channels x height x width
+                not other_rank and len(want) == 4 and None not in (want[1], shape[1])
+            ) and shape[1] != want[1]
+            if other_rank or other_channels:
                 raise ValueError(
                     f"{self.name} give {name} of shape {_shape_text(shape)} (rows first),"
                     f" but {wants}. Fix: batch the data (rows x width for text, rows x"
-                    " channels x height x width for images) and size it as the checkpoint's"
-                    " processor does; a 1-D column is one row's tokens, not a batch."
+                    " channels x height x width for images, as the checkpoint's processor"
+                    " gives them); a 1-D column is one row's tokens, not a batch."
                 )
-        widths = {name: shape[1] for name, shape in shapes.items() if len(shape) == 2}
-        if len({w for w in widths.values() if w is not None}) > 1:
+        widths = {k: shapes[k] for k in TOKEN_COLUMNS if k in shapes and len(shapes[k]) == 2}
+        if len({shape[1] for shape in widths.values() if shape[1] is not None}) > 1:
             raise ValueError(
-                f"{self.name} give per-token features of different widths in one batch"
-                f" ({shown({k: shapes[k] for k in widths})}). Fix: pad every per-token"
-                " column of a row to the same width (one tokenizer call with padding)."
+                f"{self.name} give per-token columns of different widths in one batch"
+                f" ({shown(widths)}). Fix: pad every per-token column of a row to the same"
+                " width (one tokenizer call with padding)."
             )
 
     def explain_error(self, err: BaseException) -> str | None:
@@ -346,20 +353,21 @@ def _shape_text(shape) -> str:
     return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
 
 
+#: The per-token columns of one text, which a batch pads to one width.
+TOKEN_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+
+
 def model_input_shapes(model) -> dict[str, tuple] | None:
-    """A model's inputs as ``{name: shape}`` (``None`` where any size goes), as far as the
-    model says: transformers' TF classes (``input_signature``), a Keras model built on named
-    ``Input`` layers; ``None`` for a model that does not say."""
-    signature = getattr(model, "input_signature", None)
-    if isinstance(signature, Mapping):
-        return {name: tuple(spec.shape) for name, spec in signature.items()}
+    """The inputs of a transformers TF model as ``{name: shape}`` (``None`` where any size
+    goes), from its ``input_signature``; ``None`` for any other model (a Keras model maps a
+    dict of features onto its inputs in ways names alone do not say)."""
     try:
-        inputs = model.inputs
-    except (AttributeError, ValueError):
+        signature = getattr(model, "input_signature", None)
+    except Exception:  # a class whose signature cannot be made
         return None
-    if not inputs or not all(getattr(t, "name", None) for t in inputs):
+    if not isinstance(signature, Mapping):
         return None
-    return {t.name.split(":")[0]: tuple(t.shape) for t in inputs}
+    return {name: tuple(spec.shape) for name, spec in signature.items()}
 
 
 _PIPELINES: dict[int, int] = {}
