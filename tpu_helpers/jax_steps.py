@@ -387,18 +387,27 @@ def put(tree, sharding, may_alias=None):
     return jax.tree.map(one, tree)
 
 
+def multihost():
+    """``jax.experimental.multihost_utils`` when several JAX processes run (a pod slice's
+    hosts), ``None`` with one: what every step between processes starts from."""
+    import jax
+
+    if jax.process_count() == 1:
+        return None
+    from jax.experimental import multihost_utils
+
+    return multihost_utils
+
+
 def _to_host(tree):
     """Arrays split over the devices, whole on the host: of every process's devices when
     there are several (each host of a pod slice gets every row)."""
     import jax
 
-    if jax.process_count() == 1:
+    hosts = multihost()
+    if hosts is None:
         return jax.device_get(tree)
-    from jax.experimental import multihost_utils
-
-    return jax.tree.map(
-        lambda a: np.asarray(multihost_utils.process_allgather(a, tiled=True)), tree
-    )
+    return jax.tree.map(lambda a: np.asarray(hosts.process_allgather(a, tiled=True)), tree)
 
 
 def _sharding(array):

@@ -174,24 +174,20 @@ def is_writer() -> bool:
 def first_process_says(flag: bool) -> bool:
     """The first JAX process's ``flag``, in every process (a clock or a write that only the
     first one has); ``flag`` itself with one process."""
-    import jax
+    from tpu_helpers.jax_steps import multihost
 
-    if jax.process_count() == 1:
-        return flag
-    from jax.experimental import multihost_utils
-
-    return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
+    hosts = multihost()
+    return flag if hosts is None else bool(hosts.broadcast_one_to_all(np.asarray(flag)))
 
 
 def same_on_every_process(value, what: str) -> None:
     """Refuse, in every JAX process, a ``value`` (numbers) that differs between them."""
-    import jax
+    from tpu_helpers.jax_steps import multihost
 
-    if jax.process_count() == 1:
+    hosts = multihost()
+    if hosts is None:
         return
-    from jax.experimental import multihost_utils
-
-    found = np.asarray(multihost_utils.process_allgather(np.asarray(value)))
+    found = np.asarray(hosts.process_allgather(np.asarray(value)))
     if not (found == found[0]).all():
         raise EngineError(
             f"the hosts disagree on {what}: {found.tolist()} (one row per host). Fix: a save"
@@ -202,12 +198,11 @@ def same_on_every_process(value, what: str) -> None:
 def all_processes_reach(name: str) -> None:
     """Wait here until every JAX process has reached the point ``name`` (nothing with one
     process): a host reads a save only after the one that writes it has."""
-    import jax
+    from tpu_helpers.jax_steps import multihost
 
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
+    hosts = multihost()
+    if hosts is not None:
+        hosts.sync_global_devices(name)
 
 
 # ----------------------------------------------------------------------------- heads
