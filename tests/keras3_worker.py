@@ -5,11 +5,14 @@ the end of the first call of the first epoch that reaches ``--kill-at`` steps. W
 final weights (``--out``, .npz) and the history (the same name, .json). With
 ``--processes 2``, one of two JAX processes on loopback (a pod slice's two hosts, each with
 ``--devices`` of its own, JAX's CPU collectives between them); each writes its weights
-(``-1`` added to the name of the second's).
+(``-1`` added to the name of the second's). With ``--records DIR``, from the TFRecord
+shards of those rows in ``DIR`` (each host reading its own shards); ``--as-hosts 2`` trains
+one process on the global batches that two such hosts make together.
 
     python tests/keras3_worker.py FIXTURES --dir CKPT --out weights.npz [--kill-at 7]
     python tests/keras3_worker.py FIXTURES --dir CKPT --out w.npz --devices 4 \
-        --processes 2 --process-id 0 --port 23456
+        --processes 2 --process-id 0 --port 23456 [--records SHARDS]
+    python tests/keras3_worker.py FIXTURES --dir CKPT --out w.npz --records SHARDS --as-hosts 2
 """
 
 import argparse
@@ -19,9 +22,35 @@ import signal
 
 import numpy as np
 
-from tpu_helpers import hub, keras3, text
+from tpu_helpers import hub, keras3, pipeline, records, text
 
 EPOCHS, BATCH, ROWS = 2, 16, 96
+
+
+def rows(fixtures):
+    """The tokenized rows the worker trains on, and their padding widths."""
+    data = text.load_text_dataset(f"{fixtures}/cola")
+    tokenizer = hub.load_tokenizer(f"{fixtures}/tiny-distilbert")
+    tokenized = text.tokenize(data["train"].select(range(ROWS)), tokenizer, 64)
+    lengths = np.asarray(tokenized["length"])
+    return tokenized, text.choose_boundaries(lengths, max_shapes=3, max_length=64)
+
+
+def as_hosts(batches, hosts, devices):
+    """The global batches that ``hosts`` hosts of ``devices // hosts`` devices make together
+    from ``batches`` (each its own rows, its own shards), as one process's ``Batches``."""
+    import tensorflow as tf
+
+    def build(epoch, skip_steps, context):
+        parts = [
+            batches.host_dataset(epoch, skip_steps=skip_steps, hosts=hosts, host=h, devices=devices)
+            for h in range(hosts)
+        ]
+        joined = tf.data.Dataset.zip(tuple(parts))
+        return joined.map(lambda *p: tf.nest.map_structure(lambda *t: tf.concat(t, 0), *p))
+
+    steps = batches.steps_on_hosts(hosts, devices)
+    return pipeline.Batches(build, steps, batches.global_batch, widths=batches.widths)
 
 
 def main():
@@ -34,6 +63,8 @@ def main():
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--process-id", type=int, default=0)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--records", default="")
+    parser.add_argument("--as-hosts", type=int, default=1)
     args = parser.parse_args()
 
     if args.processes > 1:  # before JAX's backend starts, as on a pod slice's hosts
@@ -49,14 +80,21 @@ def main():
     import keras
 
     checkpoint = f"{args.fixtures}/tiny-distilbert"
-    data = text.load_text_dataset(f"{args.fixtures}/cola")
-    tokenizer = hub.load_tokenizer(checkpoint)
-    rows = text.tokenize(data["train"].select(range(ROWS)), tokenizer, 64)
-    lengths = np.asarray(rows["length"])
-    boundaries = text.choose_boundaries(lengths, max_shapes=3, max_length=64)
-    train = text.text_batches(
-        rows, global_batch=BATCH, boundaries=boundaries, seed=0, group_widths=2
-    )
+    tokenized, boundaries = rows(args.fixtures)
+    if args.records:  # every host reads its own shards of the same folder
+        train = records.read_records(
+            f"{args.records}/train.metadata.json",
+            global_batch=BATCH,
+            boundaries=boundaries,
+            seed=0,
+            shared_filesystem=True,
+        )
+    else:
+        train = text.text_batches(
+            tokenized, global_batch=BATCH, boundaries=boundaries, seed=0, group_widths=2
+        )
+    if args.as_hosts > 1:
+        train = as_hosts(train, args.as_hosts, args.devices)
 
     model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
     keras3.compile_classifier(model, 1e-3, steps_per_execution=2)

@@ -596,19 +596,14 @@ def test_a_killed_run_resumes_to_the_weights_of_one_that_never_stopped(
         np.testing.assert_array_equal(got[key], want[key])
 
 
-def test_two_processes_on_loopback_train_as_one_process_of_as_many_devices(
-    fixtures_dir, uninterrupted, tmp_path
-):
-    """A pod slice's two hosts, rehearsed: two JAX processes of 4 CPU devices each, JAX's
-    CPU collectives between them on 127.0.0.1, train the worker's run (saves every 3 steps,
-    two epochs) to the weights of one process of 8 devices on the same global batches; both
-    end with the same weights and history, and the saves are one run's."""
+def _two_hosts(command, tmp_path):
+    """Run ``command`` as the two JAX processes of a pod slice on loopback, 4 CPU devices
+    each, JAX's CPU collectives between them; fails unless both end well."""
     import socket
 
     with socket.socket() as probe:  # a free port on loopback for the coordinator
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = _worker(fixtures_dir, tmp_path, "final")
     logs = [tmp_path / f"host-{i}.log" for i in (0, 1)]  # files: a full pipe would stall a host
     hosts = []
     for i, log in enumerate(logs):
@@ -630,16 +625,62 @@ def test_two_processes_on_loopback_train_as_one_process_of_as_many_devices(
             host.kill()
     for host, log in zip(hosts, logs, strict=True):
         assert host.returncode == 0, log.read_text()[-3000:]
-    want = np.load(uninterrupted / "final.npz")
-    first, second = np.load(tmp_path / "final.npz"), np.load(tmp_path / "final-1.npz")
+
+
+def _same_weights_and_history(want_folder, got_folder):
+    """Both hosts' weights equal, and equal to those of ``want_folder``'s one process; the
+    same two-epoch history; one run's saves."""
+    want = np.load(want_folder / "final.npz")
+    first, second = np.load(got_folder / "final.npz"), np.load(got_folder / "final-1.npz")
     assert len(want.files) == len(first.files) > 10
     for key in want.files:
         np.testing.assert_array_equal(second[key], first[key])
         np.testing.assert_allclose(first[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
-    history = [json.loads((tmp_path / name).read_text()) for name in ("final.json", "final-1.json")]
+    history = [json.loads((got_folder / n).read_text()) for n in ("final.json", "final-1.json")]
     assert history[0] == history[1] and len(history[0]["loss"]) == 2
-    latest = json.loads((tmp_path / "run" / "latest.json").read_text())
+    latest = json.loads((got_folder / "run" / "latest.json").read_text())
     assert (latest["epoch"], latest["step"]) == (2, 0)
+
+
+def test_two_processes_on_loopback_train_as_one_process_of_as_many_devices(
+    fixtures_dir, uninterrupted, tmp_path
+):
+    """A pod slice's two hosts, rehearsed: two JAX processes of 4 CPU devices each train the
+    worker's run (saves every 3 steps, two epochs) to the weights of one process of 8
+    devices on the same global batches, each host putting its rows of each batch on its
+    devices; both end with the same weights and history, and the saves are one run's."""
+    _two_hosts(_worker(fixtures_dir, tmp_path, "final"), tmp_path)
+    _same_weights_and_history(uninterrupted, tmp_path)
+
+
+def test_two_hosts_read_their_own_shards_and_train_as_one_process(fixtures_dir, tmp_path):
+    """The records on a pod slice: each of two JAX processes reads only its own TFRecord
+    shards (``records.plan_reads``: disjoint, every record once) and feeds its own 4
+    devices; they end with the weights of one process of 8 devices trained on the global
+    batches the two hosts' reads make together (``Batches.host_dataset``)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from keras3_worker import BATCH, rows
+
+    from tpu_helpers import records
+
+    tokenized, boundaries = rows(fixtures_dir)
+    shards = tmp_path / "shards"
+    columns = ["input_ids", "label"]
+    records.write_records(tokenized, str(shards), split="train", columns=columns, shard_records=8)
+    source = records.open_records(str(shards / "train.metadata.json"))
+    plan = records.plan_reads(source, BATCH // 8, boundaries, pipelines=2, local_replicas=4)
+    mine = [{p for width in host for p in width} for host in plan.files]
+    assert mine[0] and mine[1] and not mine[0] & mine[1]
+    assert plan.counts.sum() == len(tokenized)
+
+    whole = _worker(fixtures_dir, tmp_path / "one", "final") + ["--records", str(shards)]
+    done = subprocess.run(
+        [*whole, "--as-hosts", "2"], capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    command = _worker(fixtures_dir, tmp_path / "two", "final") + ["--records", str(shards)]
+    _two_hosts(command, tmp_path)
+    _same_weights_and_history(tmp_path / "one", tmp_path / "two")
 
 
 def test_image_preprocessing_is_read_without_pytorch(fixtures_dir, tmp_path):

@@ -46,8 +46,8 @@ def builders(fixtures_dir, tmp_path_factory):
     return {
         "text": text.text_batches(split, global_batch=BATCH, boundaries=[16, 32, 64], seed=3),
         "longest padded": text.longest_padded_batches(split, global_batch=BATCH, seed=3),
-        "records": records.read_records(
-            str(folder), global_batch=BATCH, boundaries=[16, 32, 64], seed=3
+        "records": records.read_records(  # shared: host_dataset reads as 2 hosts
+            str(folder), global_batch=BATCH, boundaries=[16, 32, 64], seed=3, shared_filesystem=True
         ),
         "images": images.image_batches(
             paths, labels, spec, global_batch=BATCH, training=True, seed=3
@@ -63,7 +63,9 @@ def builders(fixtures_dir, tmp_path_factory):
         ),
         "masked blocks": mlm.masked_batches(blocks, tokenizer, global_batch=BATCH, seed=3),
         "masked records": mlm.masked_batches(
-            records.read_records(str(folder), global_batch=BATCH, label_column=None, seed=3),
+            records.read_records(
+                str(folder), global_batch=BATCH, label_column=None, seed=3, shared_filesystem=True
+            ),
             tokenizer,
             seed=3,
         ),
@@ -184,6 +186,47 @@ def test_distribute_gives_each_replica_its_rows_of_the_global_batch(builders):
         """
     )
     assert result.stdout.strip().endswith("OK"), result.stderr[-3000:]
+
+
+def _real_rows(elements) -> "Counter":
+    """The token rows of weight > 0 in ``elements`` (padding left out), counted."""
+    from collections import Counter
+
+    return Counter(
+        tuple(int(t) for t in ids if t)
+        for features, _, weights in elements
+        for ids, weight in zip(np.asarray(features["input_ids"]), np.asarray(weights), strict=True)
+        if weight > 0
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_host_feeds_its_rows_of_every_step_and_every_example_is_read_once(builders, name):
+    """JAX on a pod slice (``Batches.host_dataset``): two hosts of two devices each get
+    half of every global batch, the same number of steps (``steps_on_hosts``), one width
+    per step on both; together every example of the epoch once. A pipeline that makes
+    global batches gives each host its slice of them; one that reads per host (records)
+    gives each host its own files' rows."""
+    batches = builders[name]
+    steps = batches.steps_on_hosts(2, 4)
+    parts = [
+        [tuple(e) for e in batches.host_dataset(1, hosts=2, host=h, devices=4)] for h in (0, 1)
+    ]
+    assert len(parts[0]) == len(parts[1]) == steps
+    for first, second in zip(*parts, strict=True):
+        for a, b in zip(_flat(first), _flat(second), strict=True):
+            assert a.shape == b.shape and a.shape[0] == batches.global_batch // 2
+    whole = [tuple(e) for e in batches.dataset(1)]
+    if not batches.reads_per_host:
+        joined = [
+            [np.concatenate(pair) for pair in zip(_flat(a), _flat(b), strict=True)]
+            for a, b in zip(*parts, strict=True)
+        ]
+        assert _same(joined, [_flat(e) for e in whole])
+    elif not name.startswith("masked"):  # masked records: the records' rows, masked per host
+        assert _real_rows(parts[0] + parts[1]) == _real_rows(whole)
+    with pytest.raises(ValueError, match="skip 0 to"):
+        batches.host_dataset(0, skip_steps=steps, hosts=2, host=1, devices=4)
 
 
 def _compiled_classifier(fixtures_dir):

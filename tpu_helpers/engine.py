@@ -189,8 +189,8 @@ def fit_resumable(
     check_save_every(every_steps, every_minutes, directory)
     cadence = Cadence(every_steps, every_minutes)
     trainer = trainer_for(model, log=log, verbose=verbose, fit_kwargs=fit_kwargs)
-    steps = trainer.steps_per_epoch(train)
     trainer.check(train, validation)
+    steps = trainer.steps_per_epoch(train)
     for batches in (train, validation):  # positions, labels and ids the model has
         if batches is not None:
             batches.check_model(trainer.model_config())

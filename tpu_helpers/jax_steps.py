@@ -26,9 +26,9 @@ given to ``model.compile``) inside functions jitted once here, so that
   calls, and goes back to the model's variables at an epoch's end;
 * ``compiles`` counts the compilations by kind and shape, a number to read after an epoch;
 * with several JAX processes (a pod slice's hosts, after ``jax.distributed.initialize()``)
-  the devices are every process's: each process reads the same global batches (the
-  pipelines are seeded alike) and puts on its own devices their rows of each (``put``),
-  and gathers the rows of every host to predict.
+  the devices are every process's: the datasets given hold this process's rows of each
+  global batch (``Batches.host_dataset``: its own shards where the pipeline reads per
+  host), which go to its own devices (``put_rows``); predictions gather every host's rows.
 
 >>> steps = Steps.of(model)                                          # doctest: +SKIP
 >>> steps.compiles                      # {('train', 'input_ids[32,64] ...'): 1, ...}
@@ -53,6 +53,8 @@ __all__ = [
     "shape_key",
     "one_width_runs",
     "variable_values",
+    "put_rows",
+    "hosts",
     "COMPILER_OPTIONS",
 ]
 
@@ -387,6 +389,27 @@ def put(tree, sharding, may_alias=None):
     return jax.tree.map(one, tree)
 
 
+def put_rows(tree, sharding):
+    """Batches on the devices, split along their batch axis (``sharding``: the steps'
+    ``split`` or ``stacked``). With several JAX processes each array of ``tree`` holds this
+    process's rows only (``Batches.host_dataset``), which go to its own devices
+    (``jax.make_array_from_process_local_data``: no step between the processes)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+    return jax.tree.map(
+        lambda a: jax.make_array_from_process_local_data(sharding, np.asarray(a)), tree
+    )
+
+
+def hosts() -> tuple[int, int]:
+    """``(processes, this one's index)``: JAX's hosts, as ``Batches.host_dataset`` takes them."""
+    import jax
+
+    return jax.process_count(), jax.process_index()
+
+
 def multihost():
     """``jax.experimental.multihost_utils`` when several JAX processes run (a pod slice's
     hosts), ``None`` with one: what every step between processes starts from."""
@@ -503,7 +526,7 @@ class _Feed:
     def _place(self, batch):
 
         count = _count([batch])
-        return put(tuple(batch), self.steps.split), None, count
+        return put_rows(tuple(batch), self.steps.split), None, count
 
     def _stack(self, group: list):
         import jax
@@ -513,7 +536,7 @@ class _Feed:
         stack = jax.tree.map(lambda *rows: np.stack(rows), *[tuple(b) for b in filled])
         active = np.arange(self.per_call) < len(group)
         return (
-            put(stack, self.steps.stacked),
+            put_rows(stack, self.steps.stacked),
             put(active, self.steps.replicated),
             count,
         )

@@ -836,7 +836,9 @@ class JaxTrainer:
     agree = staticmethod(first_process_says)  # each host's clock may differ
 
     def steps_per_epoch(self, batches) -> int:
-        return batches.steps_per_epoch
+        from tpu_helpers.jax_steps import hosts
+
+        return batches.steps_on_hosts(hosts()[0], self.steps.devices)
 
     def model_config(self):
         """The checkpoint's config, with ``num_labels`` the head's outputs."""
@@ -874,7 +876,7 @@ class JaxTrainer:
     def train_epoch(self, train, validation, epoch, first, after_call, callbacks) -> dict:
         import keras
 
-        steps, per_epoch = self.steps, train.steps_per_epoch
+        steps, per_epoch = self.steps, self.steps_per_epoch(train)
         if self.hooks is None:
             self.hooks = keras.callbacks.CallbackList(
                 list(callbacks), model=self.model, epochs=self.epochs, steps=per_epoch, verbose=0
@@ -892,17 +894,10 @@ class JaxTrainer:
             self.hooks.on_train_batch_end(first + done - 1, {})
             after_call(first + done)
 
-        self.state, report = steps.train(
-            self.state,
-            train.dataset(epoch, skip_steps=first),
-            per_epoch - first,
-            called,
-        )
+        self.state, report = steps.train(self.state, *_epoch(train, steps, epoch, first), called)
         logs = steps.results(self.state[3])
         if validation is not None:
-            result = steps.evaluate(
-                self.state[:2], validation.dataset(0), validation.steps_per_epoch
-            )
+            result = steps.evaluate(self.state[:2], *_epoch(validation, steps))
             logs.update({f"val_{k}": v for k, v in result.items()})
         self.state = steps.write_back(self.state)
         self.hooks.on_epoch_end(epoch, logs)
@@ -932,8 +927,8 @@ class JaxTrainer:
                 " devices keras3.connect set. Fix: predict_classes(model, batches)."
             )
         steps = _steps_for(self.model, batches, where="predict_classes")
-        count = batches.steps_per_epoch
-        logits, labels, weights, read = steps.predict(steps.weights(), batches.dataset(0), count)
+        dataset, count = _epoch(batches, steps)
+        logits, labels, weights, read = steps.predict(steps.weights(), dataset, count)
         if read < count:  # the data ended before its steps
             raise batches.ran_out(read, "predict_classes")
         return labels, np.argmax(logits, axis=-1), weights
@@ -950,6 +945,19 @@ def _steps_for(model, *batches, where: str):
         plan.per_replica_batch(steps.devices)  # refused with the fix unless it splits
     steps.build(given[0].first_batch(where))
     return steps
+
+
+def _epoch(batches, steps, epoch: int = 0, first: int = 0) -> tuple:
+    """``(dataset, steps)``: what this process feeds of ``batches``' epoch ``epoch`` from
+    step ``first`` on (its rows of each global batch: ``Batches.host_dataset``), and how
+    many steps that is."""
+    from tpu_helpers.jax_steps import hosts
+
+    processes, process = hosts()
+    dataset = batches.host_dataset(
+        epoch, skip_steps=first, hosts=processes, host=process, devices=steps.devices
+    )
+    return dataset, batches.steps_on_hosts(processes, steps.devices) - first
 
 
 def _precompile(steps, state, train, validation) -> None:
@@ -974,4 +982,4 @@ def evaluate(model, batches) -> dict:
     """The compiled metrics of ``model`` (loss included) over one epoch of ``batches``,
     split over the devices as in ``fit_resumable``."""
     steps = _steps_for(model, batches, where="keras3.evaluate")
-    return steps.evaluate(steps.weights(), batches.dataset(0), batches.steps_per_epoch)
+    return steps.evaluate(steps.weights(), *_epoch(batches, steps))

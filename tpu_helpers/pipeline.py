@@ -171,16 +171,17 @@ class Batches:
                 )
 
     # --- one epoch ----------------------------------------------------------------------
-    def _check_epoch(self, epoch, skip_steps) -> None:
+    def _check_epoch(self, epoch, skip_steps, steps: int | None = None) -> None:
+        steps = self.steps_per_epoch if steps is None else steps
         ok = isinstance(epoch, int | np.integer) and not isinstance(epoch, bool) and epoch >= 0
         if not ok:
             raise ValueError(f"epoch={epoch!r} must be a whole number from 0. Fix: epoch=0.")
         ok = isinstance(skip_steps, int | np.integer) and not isinstance(skip_steps, bool)
-        if not ok or not 0 <= skip_steps < self.steps_per_epoch:
+        if not ok or not 0 <= skip_steps < steps:
             raise ValueError(
                 f"skip_steps={skip_steps!r}: an epoch of {self.name} has"
-                f" {self.steps_per_epoch} steps of {self.global_batch} rows, so skip 0 to"
-                f" {self.steps_per_epoch - 1}. Fix: resume with the global batch of the run"
+                f" {steps} steps of {self.global_batch} rows, so skip 0 to"
+                f" {steps - 1}. Fix: resume with the global batch of the run"
                 " that saved the checkpoint."
             )
 
@@ -212,6 +213,51 @@ class Batches:
             )
 
         return strategy.distribute_datasets_from_function(dataset_fn)
+
+    def steps_on_hosts(self, hosts: int, devices: int) -> int:
+        """Steps of an epoch fed by ``hosts`` hosts to ``devices`` devices in all (JAX's
+        processes and devices): ``steps_per_epoch``, or what ``steps_for`` says where each
+        host reads its own part (records on a pod slice)."""
+        if hosts == 1 or self.steps_for is None:
+            return self.steps_per_epoch
+        return self.steps_for(hosts, devices)
+
+    def host_dataset(
+        self, epoch: int = 0, *, skip_steps: int = 0, hosts: int = 1, host: int = 0, devices=1
+    ):
+        """Epoch ``epoch`` from step ``skip_steps`` on, as host ``host`` of ``hosts`` feeds
+        its ``devices // hosts`` of ``devices`` devices: this host's rows of each global
+        batch (``global_batch // hosts`` of them, its devices' in their order), for JAX's
+        ``make_array_from_process_local_data``. With one host, ``dataset``. A pipeline that
+        reads per host (``reads_per_host``: records) reads only this host's files, and
+        ``steps_on_hosts`` gives the steps; the others make the global batch and keep this
+        host's rows of it."""
+        if hosts == 1:
+            return self.dataset(epoch, skip_steps=skip_steps)
+        import tensorflow as tf
+
+        if devices % hosts or not 0 <= host < hosts:
+            raise ValueError(
+                f"host {host} of {hosts} hosts with {devices} devices: each host feeds as"
+                " many devices as the others. Fix: the devices of every process (jax.devices())."
+            )
+        self._check_epoch(epoch, skip_steps, self.steps_on_hosts(hosts, devices))
+        self.per_replica_batch(devices)
+        context = tf.distribute.InputContext(hosts, host, devices)
+        ds = self.build(int(epoch), int(skip_steps), context)
+        rows = self.global_batch // hosts
+        if not self.reads_per_host:  # global batches: keep this host's rows
+            first = host * rows
+            return ds.map(lambda *e: tf.nest.map_structure(lambda t: t[first : first + rows], e))
+
+        def joined(*element):  # the per-replica batches of one step, end to end
+            def rows_of(t):
+                shape = tf.concat([[rows], tf.shape(t)[2:]], 0)
+                return tf.ensure_shape(tf.reshape(t, shape), [rows, *t.shape[2:]])
+
+            return tf.nest.map_structure(rows_of, element)
+
+        return ds.batch(devices // hosts, drop_remainder=True).map(joined)
 
     def steps_on(self, strategy=None) -> int:
         """Steps of an epoch on ``strategy``: ``steps_per_epoch``, or over a pod slice's
