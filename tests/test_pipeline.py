@@ -3,6 +3,7 @@ trainer takes one (and refuses anything else with the fix)."""
 
 import glob
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -188,10 +189,8 @@ def test_distribute_gives_each_replica_its_rows_of_the_global_batch(builders):
     assert result.stdout.strip().endswith("OK"), result.stderr[-3000:]
 
 
-def _real_rows(elements) -> "Counter":
+def _real_rows(elements) -> Counter:
     """The token rows of weight > 0 in ``elements`` (padding left out), counted."""
-    from collections import Counter
-
     return Counter(
         tuple(int(t) for t in ids if t)
         for features, _, weights in elements
