@@ -1,5 +1,6 @@
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -257,6 +258,54 @@ def test_the_images_a_data_set_carries_are_written_as_files_to_stream(tmp_path):
     assert {p: tf.io.gfile.stat(p).mtime_nsec for p in paths} == written  # kept, not rewritten
     with pytest.raises(ValueError, match="image_column="):
         images.write_image_files(split, str(tmp_path / "x"), image_column="img")
+
+
+def _carried_split(tmp_path, listed_exist: bool):
+    """A split as the hub's beans is: listed paths, labels and the images themselves."""
+    import datasets
+
+    encoded, listed = [], []
+    for i in range(3):
+        buffer = io.BytesIO()
+        Image.fromarray(leaf_image(np.random.default_rng(i), i, size=40)).save(buffer, "JPEG")
+        encoded.append(buffer.getvalue())
+        listed.append(str(tmp_path / "listed" / f"class{i}" / f"{i}.jpg"))
+        if listed_exist:
+            Path(listed[-1]).parent.mkdir(parents=True, exist_ok=True)
+            Path(listed[-1]).write_bytes(encoded[-1])
+    features = datasets.Features(
+        {
+            "image_file_path": datasets.Value("string"),
+            "image": datasets.Image(),
+            "labels": datasets.Value("int64"),
+        }
+    )
+    rows = {
+        "image_file_path": listed,
+        "image": [{"bytes": b, "path": None} for b in encoded],
+        "labels": [2, 0, 1],
+    }
+    return datasets.Dataset.from_dict(rows, features=features), encoded, listed
+
+
+def test_the_file_list_comes_from_the_bucket_the_listed_paths_or_the_carried_images(tmp_path):
+    """``files_of``: a base path moves the listed paths onto it; listed paths this machine
+    has are read as they are; else the images the data set carries are written once to a
+    folder; with neither, the error names the file and the fix."""
+    split, encoded, listed = _carried_split(tmp_path, listed_exist=False)
+    paths, labels = images.files_of(split, "gs://bucket/beans")
+    assert paths == [f"gs://bucket/beans/class{i}/{i}.jpg" for i in range(3)]
+    assert labels == [2, 0, 1]
+    paths, labels = images.files_of(split, "", str(tmp_path / "written"))
+    assert [p.rsplit("/", 2)[-2] for p in paths] == ["2", "0", "1"] and labels == [2, 0, 1]
+    assert [open(p, "rb").read() for p in paths] == encoded
+    with pytest.raises(ValueError, match="Fix: folder="):
+        images.files_of(split)
+    with pytest.raises(ValueError, match=r"class0/0\.jpg.*Fix: base_path="):
+        images.files_of(split.remove_columns("image"), "", str(tmp_path / "w"))
+    here, _, listed = _carried_split(tmp_path / "here", listed_exist=True)
+    assert images.files_of(here, "", str(tmp_path / "unused"))[0] == listed
+    assert not (tmp_path / "unused").exists()
 
 
 @pytest.mark.parametrize("name", ["truncated.jpg", "text.jpg"])

@@ -31,6 +31,7 @@ __all__ = [
     "ImageSpec",
     "rebase_paths",
     "write_image_files",
+    "files_of",
     "check_classes",
     "MAX_PIXELS",
     "image_size",
@@ -366,6 +367,63 @@ def write_image_files(
                 f.write(data)
         paths.append(path)
     return paths
+
+
+def files_of(
+    split,
+    base_path: str = "",
+    folder: str | None = None,
+    *,
+    path_column: str = "image_file_path",
+    image_column: str = "image",
+    label_column: str = "labels",
+) -> tuple[list[str], list[int]]:
+    """The file list ``image_batches`` streams for ``split`` (a split of an image data set
+    such as the hub's ``beans``), and its labels, from where the files are:
+
+    * ``base_path`` given (a bucket or folder holding them in class folders): the paths the
+      data set lists, moved onto it (``rebase_paths``);
+    * else the listed paths, where this machine has every one of them;
+    * else the images the data set carries (its ``image_column``) written to ``folder`` once
+      (``write_image_files``; local or ``gs://``, kept for the next run).
+
+    Nothing else is needed to read the hub's data set, bucket or not."""
+    import tensorflow as tf
+
+    columns = split.column_names
+    if label_column not in columns:
+        raise ValueError(
+            f"the split has no {label_column!r} column (it has {columns}). Fix:"
+            " label_column= the column of class ids."
+        )
+    labels = [int(label) for label in split[label_column]]
+    listed = [str(p) for p in split[path_column]] if path_column in columns else []
+    if base_path:
+        if not listed:
+            raise ValueError(
+                f"base_path={base_path!r} moves the listed paths, and the split has no"
+                f" {path_column!r} column (it has {columns}). Fix: path_column= the column of"
+                " file paths, or base_path='' to use the images the data set carries."
+            )
+        return rebase_paths(listed, base_path), labels
+    if listed and all(tf.io.gfile.exists(path) for path in listed):
+        return listed, labels
+    if image_column in columns:
+        if not folder:
+            raise ValueError(
+                "the listed image files are not on this machine; the data set carries the"
+                " images, which need a folder to be written to. Fix: folder= a local folder"
+                " or a gs:// one (written once, kept for the next run)."
+            )
+        return write_image_files(
+            split, folder, image_column=image_column, label_column=label_column
+        ), labels
+    missing = next((p for p in listed if not tf.io.gfile.exists(p)), None)
+    raise ValueError(
+        f"the split lists files this machine does not have ({missing}) and carries no"
+        f" {image_column!r} column of images. Fix: base_path= the bucket or folder that"
+        " holds the files in class folders."
+    )
 
 
 def check_classes(labels: Sequence[int], class_names: Sequence[str], model_config=None) -> None:
