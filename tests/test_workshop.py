@@ -311,6 +311,26 @@ def test_normalize_must_read_the_constants_of_the_checkpoint():
     assert SPEC == spec_before and SPEC.mean == (0.5, 0.4, 0.3)  # put back
 
 
+def test_normalize_read_from_the_spec_alone():
+    """The main track has no processor (transformers 5 builds none without PyTorch): the
+    spec is the processor, and constants written into the code fail, naming the spec."""
+
+    def reads_the_spec(pixels):
+        x = np.asarray(pixels) * SPEC.rescale_factor
+        return np.moveaxis((x - np.asarray(SPEC.mean)) / np.asarray(SPEC.std), -1, -3)
+
+    def written_in(pixels):
+        x = np.asarray(pixels) / 255
+        return np.moveaxis((x - np.asarray([0.5, 0.4, 0.3])) / np.asarray([0.2, 0.25, 0.3]), -1, -3)
+
+    before = SPEC
+    workshop.check_normalize(reads_the_spec, SPEC, pipeline_output(), SPEC)
+    assert SPEC == before and not hasattr(SPEC, "image_mean")  # put back, nothing added
+    with pytest.raises(Wrong, match="Read them from spec.rescale_factor, spec.mean"):
+        workshop.check_normalize(written_in, SPEC, pipeline_output(), SPEC)
+    assert SPEC == before
+
+
 def test_head():
     from types import SimpleNamespace
 

@@ -511,7 +511,8 @@ def check_normalize(
     """``normalize`` takes 0-255 pixels ``[B, H, W, 3]`` and gives what the model takes,
     ``[B, 3, H, W]``, as the pipeline (``spec``) made ``pixel_values``. With the
     ``processor`` that ``normalize`` reads, it is also run with other constants put in
-    the processor for a moment: numbers written into the code (ViT's 0.5) fail then."""
+    the processor for a moment: numbers written into the code (ViT's 0.5) fail then. Pass
+    ``spec`` itself as the processor where the learner reads the constants from it."""
     from tpu_helpers.images import pixels_of
 
     expected = np.asarray(pixel_values, np.float64)
@@ -547,12 +548,16 @@ def _check_reads_processor(normalize: Callable, pixels, processor, spec, exercis
     x = np.asarray(pixels, np.float64) * other["rescale_factor"]
     want = np.moveaxis((x - other["image_mean"]) / np.asarray(other["image_std"]), -1, -3)
     if got.shape != want.shape or float(np.abs(got - want).max()) > 1e-3:
+        where = (  # the main track gives the spec alone (no processor without PyTorch)
+            "spec.rescale_factor, spec.mean and spec.std"
+            if processor is spec
+            else "processor.rescale_factor, processor.image_mean and processor.image_std"
+        )
         _fail(
             exercise,
             "with other constants in the processor (mean, std, rescale factor of another"
             " checkpoint) normalize gave the same kind of numbers as before: the constants are"
-            " written into the code. Read them from processor.rescale_factor,"
-            " processor.image_mean and processor.image_std, so the code fits any checkpoint.",
+            f" written into the code. Read them from {where}, so the code fits any checkpoint.",
         )
 
 
