@@ -548,6 +548,42 @@ def test_a_global_batch_the_devices_cannot_split_is_refused_before_any_step(fixt
         keras3.predict_classes(model, twelve)
 
 
+def test_the_input_bound_check_tells_a_slow_pipeline_from_a_slow_step(fixtures_dir):
+    """``keras3.input_bound_check``: the same batches read slowly (a 50 ms wait per batch in
+    the pipeline) make the run input-bound, read as they are it is not; the model's
+    variables are as they were, and an uncompiled model is refused."""
+    import time
+
+    import tensorflow as tf
+
+    checkpoint, plan = _cola_batches(fixtures_dir, rows=256, global_batch=16, group_widths=4)
+    model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
+    with pytest.raises(keras3.EngineError, match="not compiled"):
+        keras3.input_bound_check(model, plan)
+    keras3.compile_classifier(model, 1e-3, steps_per_execution=4)
+    before = [np.asarray(v.value).copy() for v in model.variables]
+
+    def late(weights):
+        time.sleep(0.05)
+        return weights
+
+    def sleepy(ds):
+        def wait(features, labels, weights):
+            waited = tf.numpy_function(late, [weights], weights.dtype)
+            return features, labels, tf.ensure_shape(waited, weights.shape)
+
+        return ds.map(wait)
+
+    fast = keras3.input_bound_check(model, plan, steps=12, cached_batches=4)
+    slow = keras3.input_bound_check(model, plan.with_transform(sleepy), steps=12, cached_batches=4)
+    assert min(fast.input_per_second, fast.step_per_second, fast.together_per_second) > 0
+    assert slow.verdict == "input-bound", slow
+    assert slow.input_per_second < 25 and slow.together_per_second < 25, slow
+    assert fast.input_per_second > 2 * slow.input_per_second, (fast, slow)
+    for was, variable in zip(before, model.variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(variable.value), was)
+
+
 def _worker(fixtures_dir, tmp_path, name, kill_at=0):
     command = [
         sys.executable,

@@ -317,3 +317,46 @@ def test_the_custom_loops_weights_after_steps_equal_fits(compiled, count):
     counted = _step(model, model.optimizer, weighted=False)
     wrong, _ = jax.jit(lambda s, b: jax.lax.scan(counted, s, b))(state, stack)
     assert workshop_jax._differs(wrong, fits) == "the trainable weights differ"
+
+
+def _right_timing(step, args, calls):
+    import time
+
+    jax.block_until_ready(step(*args))
+    start = time.perf_counter()
+    for _ in range(calls):
+        out = step(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls
+
+
+def test_a_timing_that_waits_for_the_device_passes(capsys):
+    workshop_jax.check_timing(_right_timing)
+    assert "OK  exercise 09.2" in capsys.readouterr().out
+
+
+def _not_waiting(step, args, calls):
+    import time
+
+    step(*args)
+    start = time.perf_counter()
+    for _ in range(calls):
+        step(*args)
+    return (time.perf_counter() - start) / calls
+
+
+def _whole_time(step, args, calls):
+    return _right_timing(step, args, calls) * calls
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (_not_waiting, "jax.block_until_ready"),
+        (_whole_time, "divide the time"),
+        (lambda step, args, calls: step(args), "raised"),
+    ],
+)
+def test_a_timing_that_does_not_wait_or_is_not_per_call_is_refused(wrong, message):
+    with pytest.raises(ExerciseCheckError, match=message):
+        workshop_jax.check_timing(wrong)

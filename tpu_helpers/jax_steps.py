@@ -343,6 +343,38 @@ class Steps:
         parts = _to_host(list(zip(*found, strict=True)))
         return (*(np.concatenate(part) for part in parts), len(found))
 
+    def rates(self, dataset, steps: int, cached: int) -> tuple[float, float, float]:
+        """Training steps per second of ``dataset`` (batches as ``train`` takes them, at
+        least ``steps + cached`` of them): the input alone (read, stacked and put on the
+        devices as ``train`` feeds them, without a step), the step alone (the compiled call
+        on the first ``cached`` batches kept on the devices, repeated) and the two together
+        (``train``). Each waits for the devices (``jax.block_until_ready``: a jitted call
+        returns before it has run). The model's variables are left as they were: the steps
+        run on states of their own."""
+        import jax
+
+        for _ in _Feed(self, dataset.take(self.per_call), self.per_call):
+            pass  # the pipeline's start (its first reads, its threads), not timed
+        start, done, last = time.perf_counter(), 0, None
+        for last in _Feed(self, dataset.take(steps), self.per_call):
+            done += last[2].steps
+        jax.block_until_ready(last[:2])
+        alone = done / (time.perf_counter() - start)
+        items = list(_Feed(self, dataset.take(cached), self.per_call))
+        state = self.state()
+        for stack, active, _ in items:  # each shape compiled (or its compilation awaited)
+            state = self._run("train", state, stack, active)
+        jax.block_until_ready(state)
+        start, done = time.perf_counter(), 0
+        while done < steps:
+            stack, active, count = items[(done // self.per_call) % len(items)]
+            state = self._run("train", state, stack, active)
+            done += count.steps
+        jax.block_until_ready(state)
+        step = done / (time.perf_counter() - start)
+        _, report = self.train(self.state(), dataset, steps)
+        return alone, step, report.steps / report.seconds
+
 
 def variable_values(model, optimizer=None) -> tuple:
     """``(trainable, non_trainable, optimizer)``: the values of a model's variables and of

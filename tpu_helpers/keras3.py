@@ -46,6 +46,7 @@ from tpu_helpers.errors import CheckpointFormatError, CheckpointMismatchError, E
 from tpu_helpers.families import FAMILIES, KERAS3, Head
 from tpu_helpers.hub import _resolve, find_weights
 from tpu_helpers.pipeline import require_batches
+from tpu_helpers.validate import check_positive
 
 __all__ = [
     "EngineError",
@@ -67,6 +68,7 @@ __all__ = [
     "evaluate",
     "predict_classes",
     "compilations",
+    "input_bound_check",
 ]
 
 
@@ -983,3 +985,26 @@ def evaluate(model, batches) -> dict:
     split over the devices as in ``fit_resumable``."""
     steps = _steps_for(model, batches, where="keras3.evaluate")
     return steps.evaluate(steps.weights(), *_epoch(batches, steps))
+
+
+def input_bound_check(model, batches, *, steps: int = 30, cached_batches: int = 8):
+    """Where a compiled model's training time goes on the Keras 3 engine, as
+    ``observe.input_bound_check`` says it for the TF engine (an ``InputBoundReport``: its
+    verdict and advice): batches per second of ``batches``' first epoch read and put on the
+    devices alone, of the compiled training call alone on ``cached_batches`` batches kept on
+    the devices, and of the two together as ``fit_resumable`` runs them. Every width is
+    compiled first; the check trains ``steps`` steps three times over on copies of the
+    state, and leaves the model's variables as they were."""
+    from tpu_helpers.observe import InputBoundReport
+
+    check_positive(steps=steps, cached_batches=cached_batches)
+    if getattr(model, "optimizer", None) is None:
+        raise EngineError(
+            "the model is not compiled: the check runs its training step. Fix:"
+            " model.compile(...) (or keras3.compile_classifier) first."
+        )
+    steps_ = _steps_for(model, batches, where="keras3.input_bound_check")
+    _precompile(steps_, steps_.state(), (batches, 0, 0), (None, 0, 0))
+    dataset, _ = _epoch(batches, steps_)
+    alone, step, together = steps_.rates(dataset.repeat(), steps, cached_batches)
+    return InputBoundReport(alone, step, together, steps)

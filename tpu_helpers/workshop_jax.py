@@ -24,6 +24,8 @@ __all__ = [
     "check_same_values_jitted",
     "masked_loss_reference",
     "check_static_loss_jitted",
+    "busy_step",
+    "check_timing",
 ]
 
 
@@ -308,3 +310,63 @@ def check_static_loss_jitted(loss_fn: Callable, exercise: str = "05.2") -> None:
             f"a batch with every label -100 gives {empty}: divide by jnp.maximum(kept, 1).",
         )
     _ok(exercise, "jax.jit compiles it, the same loss, an all -100 batch gives 0")
+
+
+# --- 09 ---------------------------------------------------------------------------------
+def busy_step(size: int | None = None, rounds: int | None = None):
+    """A jitted function and its argument that take a measurable while on any device (tens
+    of milliseconds a call on a CPU or a TPU): ``rounds`` matrix products of ``size`` x
+    ``size`` in one compiled call (each call of ``busy_step`` makes a new function: its
+    first call compiles)."""
+    import jax
+
+    cpu = jax.devices()[0].platform == "cpu"
+    size = size or (384 if cpu else 4096)
+    rounds = rounds or (150 if cpu else 100)
+
+    def work(x):
+        return jax.lax.fori_loop(0, rounds, lambda _, y: jax.numpy.tanh(y @ x), x)
+
+    x = jax.numpy.asarray(np.random.default_rng(0).normal(size=(size, size)) / size, "float32")
+    return jax.jit(work), x
+
+
+def _timed_right(step, args, calls: int) -> float:
+    import time
+
+    import jax
+
+    jax.block_until_ready(step(*args))
+    start = time.perf_counter()
+    for _ in range(calls):
+        out = step(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls
+
+
+def check_timing(seconds_per_call: Callable, exercise: str = "09.2", calls: int = 4) -> None:
+    """``seconds_per_call(step, args, calls)``: the seconds one call of the jitted ``step``
+    on ``args`` takes on the device, averaged over ``calls`` calls, the first (compiling)
+    call not counted. A jitted call returns before the device has run it (JAX dispatches
+    asynchronously): a time without ``jax.block_until_ready`` is the dispatch's."""
+    step, x = busy_step()
+    try:
+        got = float(seconds_per_call(step, (x,), calls))
+    except Exception as error:  # noqa: BLE001  (the learner's code: say where it broke)
+        _fail(exercise, f"seconds_per_call(step, args, calls) raised {error!r}.")
+    want = _timed_right(step, (x,), calls)
+    if got < 0.3 * want:
+        _fail(
+            exercise,
+            f"{got * 1e3:.2f} ms per call, and the device takes {want * 1e3:.1f} ms: that is"
+            " the time to dispatch the calls, which return before the device has run them."
+            " Wait for the result before stopping the clock: jax.block_until_ready(out).",
+        )
+    if got > 2.5 * want:
+        shown = f"{got * 1e3:.1f} ms per call, and one call takes {want * 1e3:.1f} ms"
+        _fail(
+            exercise,
+            f"{shown}: divide the time of the timed calls by `calls`, and call the step once"
+            " before starting the clock (the first call compiles).",
+        )
+    _ok(exercise, f"{got * 1e3:.1f} ms per call (the device's own: {want * 1e3:.1f} ms)")
