@@ -31,6 +31,7 @@ from tpu_helpers.errors import (  # noqa: E402
     CheckpointMismatchError,
     TpuHelpersError,
 )
+from tpu_helpers.families import MLM  # noqa: E402
 from tpu_helpers.fixtures import ENGINE_LEARNING_RATE  # noqa: E402
 from tpu_helpers.runtime import KERAS3_FAMILIES  # noqa: E402
 
@@ -93,6 +94,95 @@ def test_both_engines_give_the_same_logits_loss_and_step(fixtures_dir, family, t
     assert history["loss"] == [pytest.approx(float(ref["loss"]), abs=1e-5)]
     if family not in FOLDED_TOKEN_TYPES:
         assert max_logit_gap(trained, features, ref["logits_after_step"]) < AFTER_STEP_TOLERANCE
+
+
+@pytest.mark.parametrize("family", MLM)
+def test_the_masked_lm_head_read_from_the_hubs_files_computes_transformers_logits_and_loss(
+    fixtures_dir, family
+):
+    """``keras3.masked_lm`` on a tiny masked-LM checkpoint the TF engine wrote: the same
+    logits at every position, the same loss (transformers': the mean over the masked
+    tokens, ``compile_masked_lm``'s) and, but for the folded token types, the same step."""
+    folder = fixtures_dir / "engines" / f"{family}-mlm"
+    ref = np.load(folder / "reference.npz")
+    features = {"input_ids": ref["input_ids"]}  # blocks: no attention_mask, all tokens
+    model = keras3.masked_lm(folder, verbose=False)
+    assert max_logit_gap(model, features, ref["logits"]) < TOLERANCE
+    keras3.compile_masked_lm(model, 0, optimizer=keras.optimizers.SGD(ENGINE_LEARNING_RATE))
+    logs = model.train_on_batch(features, ref["labels"], ref["weights"], return_dict=True)
+    assert logs["loss"] == pytest.approx(float(ref["loss"]), abs=1e-5)
+    if family not in FOLDED_TOKEN_TYPES:
+        assert max_logit_gap(model, features, ref["logits_after_step"]) < AFTER_STEP_TOLERANCE
+
+
+def test_a_masked_lm_saved_in_the_hubs_layout_loads_back_with_its_logits(fixtures_dir, tmp_path):
+    """Every tensor of the checkpoint is written back under its own name, the config names
+    the ``*ForMaskedLM`` class, and ``masked_lm`` reads the same logits from the save; a
+    checkpoint without a masked-LM head gets a new one and says so."""
+    from tpu_helpers.hub import open_safetensors
+
+    folder = fixtures_dir / "engines" / "bert-mlm"
+    ids = np.load(folder / "reference.npz")["input_ids"]
+    model = keras3.masked_lm(folder, verbose=False)
+    for variable in model.trainable_variables[-5:]:  # the head, moved off the checkpoint's
+        variable.assign(variable.value + 0.01)
+    want = np.asarray(model({"input_ids": ids}))
+    names = keras3.save_hub_layout(model, tmp_path / "saved")
+    assert "config.json" in names and "tokenizer.json" in names
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert config["architectures"] == ["BertForMaskedLM"] and "id2label" not in config
+    with open_safetensors(folder / "model.safetensors") as original:
+        with open_safetensors(tmp_path / "saved" / "model.safetensors") as saved:
+            assert set(saved.keys()) >= set(original.keys())
+    again = keras3.masked_lm(tmp_path / "saved", verbose=False)
+    np.testing.assert_allclose(np.asarray(again({"input_ids": ids})), want, atol=1e-5)
+
+
+def _masked_blocks(fixtures_dir, blocks=96, block_size=32):
+    from datasets import load_dataset
+
+    from tpu_helpers import hub, mlm
+
+    checkpoint = fixtures_dir / "tiny-distilbert"
+    tokenizer = hub.load_tokenizer(checkpoint)
+    text = mlm.clean_lines(load_dataset(str(fixtures_dir / "text-corpus"))["train"])
+    packed = mlm.pack_blocks(text, tokenizer, block_size).select(range(blocks))
+    ids = np.asarray(packed["input_ids"], "int32")
+    return checkpoint, mlm.masked_batches(ids, tokenizer, global_batch=16, seed=3)
+
+
+def test_masked_lm_pretraining_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(
+    fixtures_dir, tmp_path
+):
+    """Continued pretraining of the tiny DistilBERT (dropout on) on packed, dynamically
+    masked blocks: stopped after 4 of its 6 steps of the first epoch, before the save due
+    there (saves every 2), and run again with a model made again, it ends with the weights
+    of a run never stopped: the blocks and masks of the steps done again are the same."""
+    checkpoint, batches = _masked_blocks(fixtures_dir)
+
+    def trained(folder, stop_after=None):
+        model = keras3.masked_lm(checkpoint, verbose=False)
+        keras3.compile_masked_lm(model, 1e-3, steps_per_execution=2)
+
+        class Stop(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if stop_after and batch + 1 >= stop_after:
+                    raise KeyboardInterrupt  # a lost runtime, between two saves
+
+        history = keras3.fit_resumable(
+            model, batches, 2, str(folder), every_steps=2, callbacks=[Stop()], verbose=0
+        )
+        return model, history
+
+    whole, history = trained(tmp_path / "whole")
+    assert len(history["loss"]) == 2 and history["loss"][1] < history["loss"][0]
+    with pytest.raises(KeyboardInterrupt):
+        trained(tmp_path / "cut", stop_after=4)
+    latest = json.loads((tmp_path / "cut" / "latest.json").read_text())
+    assert (latest["epoch"], latest["step"]) == (0, 2), latest  # steps 3-4 lost: done again
+    resumed, _ = trained(tmp_path / "cut")
+    for a, b in zip(whole.weights, resumed.weights, strict=True):
+        np.testing.assert_allclose(np.asarray(b.value), np.asarray(a.value), rtol=1e-5, atol=1e-6)
 
 
 def _backbone_of(model):

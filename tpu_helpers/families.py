@@ -5,6 +5,7 @@ packs several examples into one row of it. Nothing here imports TensorFlow, Kera
 =================  ================================================================
 ``FAMILIES``       model type -> ``Family`` (every family named anywhere in the package)
 ``KERAS3``         the families the Keras 3 engine trains (``Family.keras3``)
+``MLM``            those whose masked-LM head it builds too (``Family.mlm``)
 ``PACKED``         the families packed fine-tuning covers on the TF engine
 ``OFFSET_POSITIONS`` families whose position ids start after the padding id
 =================  ================================================================
@@ -17,7 +18,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Family", "Head", "PackedKind", "FAMILIES", "KERAS3", "PACKED", "OFFSET_POSITIONS"]
+__all__ = [
+    "Family",
+    "Head",
+    "MlmHead",
+    "PackedKind",
+    "FAMILIES",
+    "KERAS3",
+    "MLM",
+    "PACKED",
+    "OFFSET_POSITIONS",
+]
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,47 @@ class Head:
 
 
 @dataclass(frozen=True)
+class MlmHead:
+    """How a family's ``*ForMaskedLM`` predicts the hidden tokens, over KerasHub's backbone:
+    a dense layer of the hidden size (``dense``, its activation the first config field of
+    ``activation`` that is set, else ``default_activation``), a layer norm (``norm``, its
+    epsilon from ``epsilon`` or ``default_epsilon``), then the token embeddings transposed
+    (tied, as every family here ties them) plus a bias per token (``bias``). The names are
+    the checkpoint's; ``architecture`` the transformers class."""
+
+    dense: str
+    norm: str
+    bias: str
+    architecture: str
+    activation: tuple = ()
+    default_activation: str = "gelu"
+    epsilon: tuple = ("layer_norm_eps",)
+    default_epsilon: float = 1e-12
+
+
+_ROBERTA_MLM = MlmHead("lm_head.dense", "lm_head.layer_norm", "lm_head.bias", "RobertaForMaskedLM")
+_MLM = {
+    "bert": MlmHead(
+        "cls.predictions.transform.dense",
+        "cls.predictions.transform.LayerNorm",
+        "cls.predictions.bias",
+        "BertForMaskedLM",
+        ("hidden_act",),
+    ),
+    "distilbert": MlmHead(
+        "vocab_transform",
+        "vocab_layer_norm",
+        "vocab_projector.bias",
+        "DistilBertForMaskedLM",
+        ("activation",),
+        epsilon=(),
+    ),
+    "roberta": _ROBERTA_MLM,
+    "xlm-roberta": _ROBERTA_MLM,
+}
+
+
+@dataclass(frozen=True)
 class PackedKind:
     """How ``packing.PackedClassifier`` drives one family's TF classifier: the attribute of
     its main layer, its embeddings call, its encoder call and its head (each choice names a
@@ -82,11 +134,13 @@ class PackedKind:
 class Family:
     """One model family (a ``model_type``): ``offset_positions`` (position ids start after
     the padding id, RoBERTa's scheme), ``packed`` (how the TF engine packs it, or
-    ``None``), ``keras3`` (the Keras 3 engine's head, or ``None``: the TF engine only)."""
+    ``None``), ``keras3`` (the Keras 3 engine's head, or ``None``: the TF engine only),
+    ``mlm`` (the Keras 3 engine's masked-LM head, or ``None``)."""
 
     offset_positions: bool = False
     packed: PackedKind | None = None
     keras3: Head | None = None
+    mlm: MlmHead | None = None
 
 
 _TEXT = {"input_ids": "token_ids", "attention_mask": "padding_mask"}
@@ -157,13 +211,16 @@ FAMILIES = {
     "albert": Family(
         packed=PackedKind("albert", encoder="short", head="albert_pooler"), keras3=_HEADS["albert"]
     ),
-    "bert": Family(packed=PackedKind("bert", head="bert_pooler"), keras3=_HEADS["bert"]),
+    "bert": Family(
+        packed=PackedKind("bert", head="bert_pooler"), keras3=_HEADS["bert"], mlm=_MLM["bert"]
+    ),
     "distilbert": Family(
         packed=PackedKind("distilbert", embed="distilbert", head="pre_classifier"),
         keras3=_HEADS["distilbert"],
+        mlm=_MLM["distilbert"],
     ),
-    "roberta": Family(True, _ROBERTA_PACKED, _HEADS["roberta"]),
-    "xlm-roberta": Family(True, _ROBERTA_PACKED, _HEADS["xlm-roberta"]),
+    "roberta": Family(True, _ROBERTA_PACKED, _HEADS["roberta"], _MLM["roberta"]),
+    "xlm-roberta": Family(True, _ROBERTA_PACKED, _HEADS["xlm-roberta"], _MLM["xlm-roberta"]),
     "vit": Family(keras3=_HEADS["vit"]),
     "camembert": Family(True, _ROBERTA_PACKED),
     "deberta-v2": Family(
@@ -178,5 +235,6 @@ FAMILIES = {
     "xlm-roberta-xl": Family(offset_positions=True),
 }
 KERAS3 = tuple(name for name, f in FAMILIES.items() if f.keras3 is not None)
+MLM = tuple(name for name, f in FAMILIES.items() if f.mlm is not None)
 PACKED = tuple(sorted(name for name, f in FAMILIES.items() if f.packed is not None))
 OFFSET_POSITIONS = frozenset(name for name, f in FAMILIES.items() if f.offset_positions)

@@ -61,6 +61,7 @@ __all__ = [
     "tiny_config",
     "write_tiny_checkpoint",
     "write_text_corpus",
+    "write_mlm_references",
     "TINY_VIT",
     "write_tiny_vit",
     "leaf_image",
@@ -69,7 +70,7 @@ __all__ = [
 ]
 
 
-FIXTURES_VERSION = 9
+FIXTURES_VERSION = 10
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
@@ -718,6 +719,63 @@ def write_engine_references(out: Path, corpus: list[str], seed: int) -> None:
         )
 
 
+def _masked_reference_batch(tokenizer, corpus: list[str], rng, rows=8, width=24) -> tuple:
+    """``rows`` blocks of ``width`` tokens cut from ``corpus``, about 15 % of their
+    non-special tokens replaced by the mask token: ``(input_ids, labels, weights)``, the
+    labels the original ids, the weights 1 where a token was masked."""
+    import numpy as np
+
+    stream = [i for text in corpus[:400] for i in tokenizer(text)["input_ids"]]
+    labels = np.asarray(stream[: rows * width], "int32").reshape(rows, width)
+    special = np.isin(labels, tokenizer.all_special_ids)
+    chosen = (rng.random(labels.shape) < 0.15) & ~special
+    chosen[np.arange(rows), rng.integers(1, width - 1, rows)] |= True  # one at least
+    chosen &= ~special
+    ids = np.where(chosen, tokenizer.mask_token_id, labels).astype("int32")
+    return ids, labels, chosen.astype("float32")
+
+
+def write_mlm_references(out: Path, corpus: list[str], seed: int) -> None:
+    """For each family of ``families.MLM``: a tiny masked-LM checkpoint without dropout in
+    the hub's layout (``out/<family>-mlm``), and ``reference.npz``: a masked batch, the TF
+    engine's logits, transformers' masked-LM loss (the mean over the masked tokens) and
+    the logits after one SGD step of ``ENGINE_LEARNING_RATE`` on it."""
+    import numpy as np
+    import tensorflow as tf
+    from transformers import TFAutoModelForMaskedLM
+
+    from tpu_helpers.families import MLM
+
+    rng = np.random.default_rng(seed + 1)
+    for family in MLM:
+        tf.keras.utils.set_random_seed(seed)
+        tokenizer = train_tokenizer(family, corpus)
+        overrides = {k: v for k, v in ENGINE_OVERRIDES.items() if k != "num_labels"}
+        config = tiny_config(family, len(tokenizer), tokenizer.pad_token_id, **overrides)
+        model = TFAutoModelForMaskedLM.from_config(_without_dropout(config))
+        ids, labels, weights = _masked_reference_batch(tokenizer, corpus, rng)
+        logits = model(ids, training=False).logits.numpy()
+        hidden = np.where(weights > 0, labels, -100)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(ids, labels=hidden, training=True).loss)
+        grads = tape.gradient(loss, model.trainable_variables)
+        save_checkpoint(out / f"{family}-mlm", model, tokenizer, "pytorch")
+        pairs = [
+            (g, v) for g, v in zip(grads, model.trainable_variables, strict=True) if g is not None
+        ]
+        tf.keras.optimizers.SGD(ENGINE_LEARNING_RATE).apply_gradients(pairs)
+        after = model(ids, training=False).logits.numpy()
+        np.savez(
+            out / f"{family}-mlm" / "reference.npz",
+            input_ids=ids,
+            labels=labels,
+            weights=weights,
+            logits=logits,
+            loss=np.float32(loss),
+            logits_after_step=after,
+        )
+
+
 def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = True) -> dict:
     """Write every fixture under ``directory`` (skipped when already built with ``seed``).
 
@@ -756,6 +814,7 @@ def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = 
     write_tiny_vit(staging / "tiny-vit", seed)
     write_text_corpus(staging / "text-corpus")
     write_engine_references(staging / "engines", corpus, seed)
+    write_mlm_references(staging / "engines", corpus, seed)
     for name in paths:
         shutil.rmtree(root / name, ignore_errors=True)
     # Beans paths are absolute, so write them in place after staging the rest.

@@ -43,7 +43,7 @@ import numpy as np
 from tpu_helpers.checks import first_line
 from tpu_helpers.engine import fit_resumable, predict_classes
 from tpu_helpers.errors import CheckpointFormatError, CheckpointMismatchError, EngineError
-from tpu_helpers.families import FAMILIES, KERAS3, Head
+from tpu_helpers.families import FAMILIES, KERAS3, MLM, Head, MlmHead
 from tpu_helpers.hub import _resolve, find_weights
 from tpu_helpers.pipeline import require_batches
 from tpu_helpers.validate import check_positive
@@ -59,6 +59,8 @@ __all__ = [
     "checkpoint_folder",
     "classifier",
     "compile_classifier",
+    "masked_lm",
+    "compile_masked_lm",
     "HubSource",
     "save_hub_layout",
     "ResumePoint",
@@ -318,30 +320,37 @@ def _compute_as_configured(keras, backbone, config: dict) -> None:
     from tpu_helpers.keras_internals import sublayers
 
     epsilon = config.get("layer_norm_eps", config.get("layer_norm_epsilon"))
-
-    def gelu_approximate(x):  # the tanh approximation, under KerasHub's name for it
-        return keras.activations.gelu(x, approximate=True)
-
-    act = config.get("hidden_act", config.get("activation"))
-    activations = {
-        "gelu": keras.activations.gelu,  # exact: approximate=False
-        "gelu_new": gelu_approximate,
-        "gelu_pytorch_tanh": gelu_approximate,
-        "relu": keras.activations.relu,
-    }
-    if act is not None and act not in activations:
-        raise EngineError(
-            f"the checkpoint's config asks for hidden_act={act!r}, which this engine does not"
-            f" map onto KerasHub's layers (it maps {sorted(activations)}). Fix: train it on"
-            " the TF engine (notebooks 01-04)."
-        )
-    activation = activations.get(act)
+    activation = _activation(keras, config.get("hidden_act", config.get("activation")))
     for layer in sublayers(backbone):
         if epsilon is not None and isinstance(layer, keras.layers.LayerNormalization):
             layer.epsilon = float(epsilon)
         if activation and isinstance(layer, keras.layers.Dense):
             if getattr(layer.activation, "__name__", "") in ("gelu", "gelu_approximate", "relu"):
                 layer.activation = activation
+
+
+def _activation(keras, name: str | None):
+    """The Keras function of a transformers activation name (``hidden_act``), ``None`` for
+    ``None``; refused with the fix when this engine does not map it."""
+
+    def gelu_approximate(x):  # the tanh approximation, under KerasHub's name for it
+        return keras.activations.gelu(x, approximate=True)
+
+    activations = {
+        "gelu": keras.activations.gelu,  # exact: approximate=False
+        "gelu_new": gelu_approximate,
+        "gelu_pytorch_tanh": gelu_approximate,
+        "relu": keras.activations.relu,
+    }
+    if name is None:
+        return None
+    if name not in activations:
+        raise EngineError(
+            f"the checkpoint's config asks for the activation {name!r}, which this engine does"
+            f" not map onto KerasHub's layers (it maps {sorted(activations)}). Fix: train it"
+            " on the TF engine (notebooks 01-04)."
+        )
+    return activations[name]
 
 
 def _rate(config: dict, fields: tuple) -> float:
@@ -391,8 +400,111 @@ def classifier(
     loaded = _load_head(layers, reader, num_labels, ignore_mismatched_sizes, checkpoint)
     if verbose:
         _say_what_was_read(checkpoint, reader, layers, loaded)
-    model = _classifier_class(keras)(network)
+    model = _model_class(keras)(network)
     model.hub_source = HubSource(folder, config, head, reader, layers)
+    return model
+
+
+def masked_lm(checkpoint: str, *, seed: int = 0, verbose: bool = True, **options):
+    """A ``keras.Model`` that predicts hidden tokens as ``checkpoint`` (folder or hub name)
+    was pretrained to: its features are ``input_ids`` (``attention_mask`` too; all ones
+    when absent, as in packed blocks), its output float32 logits over the vocabulary at
+    every position; ``model.network`` is the functional model inside.
+
+    KerasHub's backbone of the family with the checkpoint's weights, and the family's
+    masked-LM head as transformers defines it (``families.MlmHead``: a dense layer, its
+    activation, a layer norm, then the token embeddings transposed plus a bias per token),
+    read from the file when it holds one (a masked-LM save, as most base checkpoints on
+    the hub are), else new. ``options`` go to the hub."""
+    keras = _keras()
+    folder, config = checkpoint_folder(checkpoint, **options)
+    family = config["model_type"]
+    recipe = FAMILIES[family].mlm
+    if recipe is None:
+        raise EngineError(
+            f"{checkpoint!r} is a {family!r} checkpoint; the Keras 3 engine builds the"
+            f" masked-LM head of {', '.join(MLM)}. Fix: pretrain it on the TF engine"
+            " (notebook tf/06)."
+        )
+    head = HEADS[family]
+    keras.utils.set_random_seed(seed)
+    backbone, reader = _backbone(keras, folder, config, head)
+    inputs = {ours: keras.Input((None,), dtype="int32", name=ours) for ours in head.inputs}
+    hidden = backbone({theirs: inputs[ours] for ours, theirs in head.inputs.items()})
+    if isinstance(hidden, dict):
+        hidden = hidden["sequence_output"]
+    logits, layers = _mlm_head(keras, hidden, backbone, recipe, config, seed)
+    network = keras.Model(inputs, logits, name=f"{family}_masked_lm")
+    loaded = _load_mlm_head(layers, reader)
+    if verbose:
+        _say_what_was_read(checkpoint, reader, layers, loaded)
+    model = _model_class(keras)(network)
+    model.hub_source = HubSource(folder, config, head, reader, layers, recipe)
+    return model
+
+
+def _mlm_head(keras, x, backbone, recipe: MlmHead, config: dict, seed: int):
+    """The masked-LM head's layers on the hidden states ``x``, initialised as transformers
+    initialises a new head; the logits in float32. Returns them and ``[(name, layer)]``."""
+    init = keras.initializers.TruncatedNormal(
+        stddev=config.get("initializer_range", 0.02), seed=seed
+    )
+    act = next((config[f] for f in recipe.activation if config.get(f)), recipe.default_activation)
+    eps = next(
+        (float(config[f]) for f in recipe.epsilon if config.get(f) is not None),
+        recipe.default_epsilon,
+    )
+    dense = keras.layers.Dense(
+        x.shape[-1], _activation(keras, act), kernel_initializer=init, name="mlm_dense"
+    )
+    norm = keras.layers.LayerNormalization(epsilon=eps, name="mlm_layer_norm")
+    tokens = backbone.token_embedding(norm(dense(x)), reverse=True)  # tied: embeddings^T
+    bias = _token_bias_class(keras)(name="mlm_bias", dtype="float32")
+    return bias(tokens), [(recipe.dense, dense), (recipe.norm, norm), (recipe.bias, bias)]
+
+
+def _token_bias_class(keras):
+    class TokenBias(keras.layers.Layer):
+        """A bias per token added to the logits (in this layer's dtype: float32)."""
+
+        def build(self, shape):
+            self.bias = self.add_weight(shape=(shape[-1],), initializer="zeros", name="bias")
+
+        def call(self, x):
+            return x + self.bias
+
+    return TokenBias
+
+
+def _load_mlm_head(layers, reader) -> bool:
+    """Read the masked-LM head's weights when the file holds them all; False: a new head."""
+    (dense_name, dense), (norm_name, norm), (bias_name, bias) = layers
+    names = [f"{dense_name}.weight", f"{dense_name}.bias", f"{norm_name}.weight", bias_name]
+    if not all(reader.find(name) for name in names):
+        return False
+    dense.set_weights(
+        [reader.get_tensor(f"{dense_name}.weight").T, reader.get_tensor(f"{dense_name}.bias")]
+    )
+    norm.set_weights(
+        [reader.get_tensor(f"{norm_name}.weight"), reader.get_tensor(f"{norm_name}.bias")]
+    )
+    bias.set_weights([reader.get_tensor(bias_name)])
+    return True
+
+
+def compile_masked_lm(model, learning_rate: float, *, steps_per_execution: int = 1, optimizer=None):
+    """Compile a ``masked_lm`` as transformers trains one: the cross-entropy averaged over
+    the masked tokens only (the batches' weights: 1 where a token was masked), and the
+    masked tokens' accuracy; AdamW unless ``optimizer`` is given."""
+    keras = _keras()
+    model.compile(
+        optimizer=optimizer or keras.optimizers.AdamW(learning_rate),
+        loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="mean_with_sample_weight"
+        ),
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="mlm_accuracy")],
+        steps_per_execution=steps_per_execution,
+    )
     return model
 
 
@@ -448,10 +560,11 @@ def _head(keras, x, head: Head, config: dict, num_labels: int, seed: int):
     return x, layers
 
 
-def _classifier_class(keras):
+def _model_class(keras):
     class Classifier(keras.Model):
-        """``network`` (functional), also given features without ``token_type_ids``: a
-        single sentence's are all zeros, as transformers fills them."""
+        """``network`` (functional), also given features without ``token_type_ids`` (a
+        single sentence's are all zeros, as transformers fills them) or without
+        ``attention_mask`` (all ones: every position a token, as in packed blocks)."""
 
         def __init__(self, network, **kwargs):
             super().__init__(name=network.name, **kwargs)
@@ -463,6 +576,8 @@ def _classifier_class(keras):
             features = dict(features)
             if "token_type_ids" in self.takes and "token_type_ids" not in features:
                 features["token_type_ids"] = keras.ops.zeros_like(features["input_ids"])
+            if "attention_mask" in self.takes and "attention_mask" not in features:
+                features["attention_mask"] = keras.ops.ones_like(features["input_ids"])
             return self.network({k: features[k] for k in self.takes}, training=training)
 
     return Classifier
@@ -528,12 +643,13 @@ class HubSource:
     head: Head
     reader: _Reader
     layers: list
+    mlm: MlmHead | None = None  # a masked_lm: its head's recipe
 
 
 def save_hub_layout(
     model, folder, *, id2label: dict | None = None, max_shard_bytes: int | None = None
 ) -> list[str]:
-    """Write ``model`` (a ``classifier``, trained or not) to ``folder`` (local or ``gs://``) as the hub
+    """Write ``model`` (a ``classifier`` or a ``masked_lm``, trained or not) to ``folder`` (local or ``gs://``) as the hub
     serves a fine-tuned checkpoint: PyTorch-named ``model.safetensors`` (or shards), the
     ``config.json`` of a ``*ForSequenceClassification`` (``*ForImageClassification``) with
     its number of labels (``id2label`` names them), and the checkpoint's tokenizer or
@@ -575,6 +691,10 @@ def save_hub_layout(
     folder = Path(folder)
     tensors = _hub_tensors(source)
     names = write_hub_weights(tensors, folder, max_shard_bytes)
+    if source.mlm is not None:  # a masked_lm: no labels
+        config = {**source.config, "architectures": [source.mlm.architecture]}
+        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        return [*names, "config.json", *_copy_preprocessing_files(source.folder, folder)]
     labels = int(source.layers[-1][1].units)
     id2label = {int(k): v for k, v in (id2label or {}).items()} or {
         i: (source.config.get("id2label") or {}).get(str(i), f"LABEL_{i}") for i in range(labels)
@@ -612,7 +732,11 @@ def _hub_tensors(source: HubSource) -> dict:
     for full in sorted(reader.read - set(tensors)):  # read, not trained: token types
         tensors[full] = reader.get_tensor(full)
     for name, layer in source.layers:
-        kernel, bias = (np.asarray(w, np.float32) for w in layer.get_weights())
+        weights = [np.asarray(w, np.float32) for w in layer.get_weights()]
+        if len(weights) == 1:  # the masked-LM head's bias per token: named in full
+            tensors[name] = weights[0]
+            continue
+        kernel, bias = weights  # a dense layer's, or a layer norm's scale and offset
         tensors[f"{name}.weight"] = np.ascontiguousarray(kernel.T)  # PyTorch: [out, in]
         tensors[f"{name}.bias"] = bias
     return tensors
