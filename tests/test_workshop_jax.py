@@ -360,3 +360,54 @@ def _whole_time(step, args, calls):
 def test_a_timing_that_does_not_wait_or_is_not_per_call_is_refused(wrong, message):
     with pytest.raises(ExerciseCheckError, match=message):
         workshop_jax.check_timing(wrong)
+
+
+class _Compiled:
+    """What check_masked_lm_loss reads of a compiled model."""
+
+    def __init__(self, loss):
+        self.loss, self.optimizer = loss, keras.optimizers.AdamW(1e-3)
+
+
+def test_the_masked_lm_loss_over_the_masked_tokens_passes(capsys):
+    loss = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="mean_with_sample_weight"
+    )
+    workshop_jax.check_masked_lm_loss(_Compiled(loss))
+    assert "OK  exercise 06.2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (keras.losses.SparseCategoricalCrossentropy(from_logits=True), "every position"),
+        (
+            keras.losses.SparseCategoricalCrossentropy(reduction="mean_with_sample_weight"),
+            "from_logits=True",
+        ),
+        (None, "not compiled"),
+    ],
+)
+def test_a_masked_lm_loss_over_every_position_or_on_probabilities_is_refused(wrong, message):
+    with pytest.raises(ExerciseCheckError, match=message):
+        workshop_jax.check_masked_lm_loss(_Compiled(wrong))
+
+
+def test_a_keras_warmup_and_cosine_decay_passes_and_one_that_ends_late_is_refused(capsys):
+    """Exercise 06.1 on Keras 3: CosineDecay warming up over its warmup_steps, then
+    decaying over decay_steps; a decay far too long, or over one epoch of two, is refused."""
+    from tpu_helpers import workshop
+
+    schedules = keras.optimizers.schedules
+    right = schedules.CosineDecay(0.0, 90, warmup_target=1e-4, warmup_steps=10)
+    workshop.check_schedule(right, 1e-4, 100, 0.1, "06.1")
+    assert "OK  exercise 06.1" in capsys.readouterr().out
+    late = schedules.CosineDecay(0.0, 1000, warmup_target=1e-4, warmup_steps=10)
+    with pytest.raises(ExerciseCheckError, match="still"):
+        workshop.check_schedule(late, 1e-4, 100, 0.1, "06.1")
+    early = schedules.CosineDecay(0.0, 45, warmup_target=1e-4, warmup_steps=10)  # one epoch of 2
+    with pytest.raises(ExerciseCheckError, match="three quarters into the decay"):
+        workshop.check_schedule(early, 1e-4, 100, 0.1, "06.1")
+    no_warmup = schedules.CosineDecay(1e-4, 100)
+    with pytest.raises(ExerciseCheckError, match="warmup from 0"):
+        workshop.check_schedule(no_warmup, 1e-4, 100, 0.1, "06.1")

@@ -62,8 +62,7 @@ def table() -> str:
     out += _rows(tracks.MAIN, colab=True)
     out += [
         "",
-        "**The seeds' track** (`notebooks/tf/`): the same lessons on the TF engine (TensorFlow,"
-        " tf-keras, `TPUStrategy`), for a Cloud TPU VM with a TensorFlow image, a CPU or a GPU.",
+        "**The seeds' track** (`notebooks/tf/`): the same lessons on the TF engine.",
         "",
         "| notebook | exercise edition |",
         "|---|---|",

@@ -141,7 +141,7 @@ tf_tpu_leg() {
 # part: 162 s to 100 s for notebook 08). A cell may take 300 s (the longest took 37 s in
 # CI): a kernel that dies mid-cell is reported after that, not after 15 minutes.
 keras3_leg() {
-  local stack="$1" more=() one=(--only 08) eight=(--only 00 --only 01 --only 02 --only 03 --only 04 --only 05 --only 09)
+  local stack="$1" more=() one=(--only 08) eight=(--only 00 --only 01 --only 02 --only 03 --only 04 --only 05 --only 06 --only 09)
   shift
   if [ "$stack" = keras3 ]; then  # the exercise checks' wrong answers, on one leg
     more=(tests/test_exercises.py tests/test_workshop_jax.py)

@@ -612,11 +612,16 @@ def _shapes(batch) -> list:
 
 
 def _count(group: list) -> _Count:
+    """The steps, the examples (rows of some weight) and real tokens (their attention mask's
+    ones; every position of a row weighted per token, as masked-LM blocks are) of ``group``."""
     examples = tokens = 0
     for features, _, weights in group:
-        kept = np.asarray(weights) > 0
+        weights = np.asarray(weights)
+        kept = weights.reshape(len(weights), -1).max(axis=1) > 0
         examples += int(kept.sum())
         mask = features.get("attention_mask") if isinstance(features, dict) else None
         if mask is not None:
             tokens += int(np.asarray(mask)[kept].sum())
+        elif weights.ndim > 1:  # a weight per token: blocks whose every position is a token
+            tokens += int(kept.sum()) * weights.shape[1]
     return _Count(len(group), examples, tokens)

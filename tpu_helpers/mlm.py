@@ -392,9 +392,8 @@ def masked_batches(
 def fill_mask_table(model, tokenizer, texts: Sequence[str], k: int = 3, words: int = 12):
     """For each text, mask one token (the middle one of its first ``words`` tokens) and
     list the model's top ``k`` guesses: rows of ``{"text", "answer", "guesses", "right"}``
-    (what a fill-mask demonstration prints before and after training)."""
-    import tensorflow as tf
-
+    (what a fill-mask demonstration prints before and after training). ``model``: the TF
+    engine's ``*ForMaskedLM`` or the Keras 3 engine's ``keras3.masked_lm``."""
     rows = []
     for text in texts:
         ids = tokenizer(text, truncation=True, max_length=words + 2)["input_ids"]
@@ -405,8 +404,9 @@ def fill_mask_table(model, tokenizer, texts: Sequence[str], k: int = 3, words: i
         answer = ids[at]
         masked = list(ids)
         masked[at] = tokenizer.mask_token_id
-        logits = model(tf.constant([masked]), training=False).logits[0, at]
-        top = tf.math.top_k(logits, k).indices.numpy().tolist()
+        out = model({"input_ids": np.asarray([masked], np.int32)}, training=False)
+        logits = np.asarray(getattr(out, "logits", out)[0, at], np.float32)
+        top = np.argsort(-logits, kind="stable")[:k].tolist()
         rows.append(
             {
                 "text": tokenizer.decode(masked, skip_special_tokens=False),

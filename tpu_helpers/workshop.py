@@ -838,20 +838,23 @@ def check_schedule(
             f"at the last step ({total_steps}) the rate is still {end:g}: decay it to 0 over"
             " num_train_steps=total_steps.",
         )
-    # three quarters into the decay a quarter of the peak is left: a decay that ends
-    # early (num_train_steps of one epoch, or less the warmup) has reached 0 or nearly
+    # three quarters into the decay a quarter of the peak is left (a linear decay; a
+    # cosine one leaves 15 %): a decay that ends early (num_train_steps of one epoch, or
+    # less the warmup) has reached 0 or nearly, one that ends late has more left
     late = warmup + 3 * (total_steps - warmup) // 4
-    expected = [
-        learning_rate * (total_steps - late) / (total_steps - w) for w in (warmup, warmup + 1)
-    ]
+    left = [(total_steps - late) / (total_steps - w) for w in (warmup, warmup + 1)]
+    expected = [learning_rate * f for f in left]
+    expected += [learning_rate * 0.5 * (1 + math.cos(math.pi * (1 - f))) for f in left]
     if total_steps - warmup >= 8 and not any(
         math.isclose(at(late), e, rel_tol=0.05) for e in expected
     ):
         _fail(
             exercise,
             f"at step {late}, three quarters into the decay, the rate is {at(late):g}, not"
-            f" about {expected[0]:g}: the decay must reach 0 at the last step of the whole run,"
-            f" num_train_steps=total_steps ({total_steps}: every epoch, warmup included).",
+            f" about {expected[0]:g} (a linear decay) or {expected[2]:g} (a cosine one): the"
+            " decay must reach 0 at the last step of the whole run, num_train_steps="
+            f"total_steps ({total_steps}: every epoch, warmup included); Keras' CosineDecay"
+            " decays over decay_steps after its warmup_steps.",
         )
     _ok(exercise, f"0 -> {learning_rate:g} in {warmup} steps, 0 at step {total_steps}")
 
@@ -867,7 +870,8 @@ def _check_weight_decay(optimizer, weight_decay: float, exercise: str) -> None:
         _fail(
             exercise,
             f"the optimizer's weight decay is {rate:g}, not weight_decay={weight_decay:g}:"
-            " create_optimizer(..., weight_decay_rate=weight_decay).",
+            " create_optimizer(..., weight_decay_rate=weight_decay), or on Keras 3"
+            " keras.optimizers.AdamW(schedule, weight_decay=weight_decay).",
         )
 
 

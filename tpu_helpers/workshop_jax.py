@@ -24,6 +24,7 @@ __all__ = [
     "check_same_values_jitted",
     "masked_loss_reference",
     "check_static_loss_jitted",
+    "check_masked_lm_loss",
     "busy_step",
     "check_timing",
 ]
@@ -310,6 +311,45 @@ def check_static_loss_jitted(loss_fn: Callable, exercise: str = "05.2") -> None:
             f"a batch with every label -100 gives {empty}: divide by jnp.maximum(kept, 1).",
         )
     _ok(exercise, "jax.jit compiles it, the same loss, an all -100 batch gives 0")
+
+
+# --- 06 ---------------------------------------------------------------------------------
+def check_masked_lm_loss(model, exercise: str = "06.2") -> None:
+    """``model`` compiled with the masked-LM loss: the cross-entropy of the token ids on
+    the logits, averaged over the masked tokens only (the batches weigh them 1, every other
+    position 0), as transformers computes it; not over every position."""
+    loss = getattr(model, "loss", None)
+    if loss is None or getattr(model, "optimizer", None) is None:
+        _fail(exercise, "the model is not compiled: model.compile(optimizer=..., loss=...).")
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 7, (2, 6)).astype("int32")
+    logits = rng.normal(size=(2, 6, 7)).astype("float32")
+    weights = np.zeros((2, 6), "float32")
+    weights[0, 1] = weights[0, 4] = weights[1, 2] = 1.0
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    each = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+    want = float((each * weights).sum() / weights.sum())
+    try:
+        got = float(loss(labels, logits, sample_weight=weights))
+    except Exception as error:  # noqa: BLE001  (the learner's loss: say where it broke)
+        _fail(exercise, f"the compiled loss raised {error!r} on token ids and logits.")
+    if np.isclose(got, (each * weights).sum() / weights.size, rtol=1e-4):
+        _fail(
+            exercise,
+            f"the loss is {got:.4f}: averaged over every position, masked or not ({want:.4f}"
+            " over the masked ones). 85 % of the positions weigh 0, so it is far too small and"
+            " changes with the share masked. Fix: SparseCategoricalCrossentropy(...,"
+            " reduction='mean_with_sample_weight').",
+        )
+    if not np.isclose(got, want, rtol=1e-4):
+        _fail(
+            exercise,
+            f"the loss is {got:.4f}, and the cross-entropy of the masked tokens' ids on the"
+            f" logits is {want:.4f}: the model returns logits (from_logits=True), and the"
+            " labels are token ids (a sparse cross-entropy).",
+        )
+    _ok(exercise, f"the mean cross-entropy over the masked tokens ({got:.4f} on a test batch)")
 
 
 # --- 09 ---------------------------------------------------------------------------------
