@@ -15,12 +15,12 @@
 #           doctor, connecting, the simulated pod slice) and notebooks 00 and 01 at eight
 #           replicas in bfloat16; the other notebooks and unit tests run on the CPU leg.
 #   keras3  the Keras 3 engine on a stack shaped like Kaggle's TPU image (Python 3.12, JAX
-#           0.10): its tests at eight devices (a v5e-8), the main track's lessons
-#           (notebooks/) at eight, notebook 08 at one.
+#           0.10): its tests at eight devices (a v5e-8), the two-process pod-slice
+#           rehearsals, every main-track notebook at eight (its variants: on the Colab leg).
 #   colab   the Keras 3 engine on a stack shaped like Colab's TPU runtime as it ships
 #           (Python 3.13, JAX 0.7.2, Keras 3.13.2 before the install cell, transformers
 #           5.15, no TensorFlow, no PyTorch): its tests at eight devices, the main
-#           track's notebooks at one (Colab's free v5e-1).
+#           track's notebooks and their variants at one (Colab's free v5e-1).
 #
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -126,9 +126,12 @@ tf_tpu_leg() {
 # the TF engine's numbers in the fixtures, at eight devices, kill and resume included),
 # the engine choice and install plans, the image preprocessing read without PyTorch, and
 # the main track's notebooks cell by cell in bfloat16 (their default), each leg at the
-# device count of its runtime: the Colab-shaped leg at one (Colab's free v5e-1), the
-# Kaggle-shaped leg at eight (a v5e-8); notebook 08 at one on both, for time. The
-# notebooks at eight run in a pytest of their own, without the leg's compilation cache.
+# device count of its runtime: the Colab-shaped leg at one (Colab's free v5e-1), with the
+# sentence-pair variants; the Kaggle-shaped leg at eight (a v5e-8), without them, and the
+# two-process rehearsals of a pod slice (on loopback), which run there only: the CI
+# rehearsal of 2026-12-05 took 29.5 minutes in all with every variant at eight and the
+# rehearsals on both legs. The notebooks at eight run in a pytest of their own, without
+# the leg's compilation cache.
 # Kernels at eight devices died (2026-12-04, 12-05) or hung (12-05) in CI: XLA's CPU pool
 # of one thread per simulated device can leave devices waiting for good at an all-reduce;
 # env.sh and keras3.devices give it two per device (keras3.simulation_env). The keras3 leg also
@@ -141,23 +144,24 @@ tf_tpu_leg() {
 # part: 162 s to 100 s for notebook 08). A cell may take 300 s (the longest took 37 s in
 # CI): a kernel that dies mid-cell is reported after that, not after 15 minutes.
 keras3_leg() {
-  local stack="$1" more=() one=(--only 08) eight=(--only 00 --only 01 --only 02 --only 03 --only 04 --only 05 --only 06 --only 09)
+  local stack="$1" more=() notebooks=("build/nbval-$stack")
   shift
-  if [ "$stack" = keras3 ]; then  # the exercise checks' wrong answers, on one leg
-    more=(tests/test_exercises.py tests/test_workshop_jax.py)
-  else
-    one=() eight=()  # Colab's v5e-1: every notebook at one device
-  fi
   export JAX_COMPILATION_CACHE_DIR="$PWD/build/jax-cache-$stack" PYTHONFAULTHANDLER=1
   rm -rf "$JAX_COMPILATION_CACHE_DIR" "build/nbval-$stack-8" "build/pytest-$stack-8"
-  python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
-    --replicas 1 "${one[@]}"
-  python -m pytest tests/test_keras3.py tests/test_runtime.py "${more[@]}" \
-    "build/nbval-$stack" --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
+  if [ "$stack" = keras3 ]; then  # the exercise checks' wrong answers, on one leg
+    more=(tests/test_exercises.py tests/test_workshop_jax.py)
+    notebooks=()  # Kaggle's v5e-8: every notebook at eight devices, below
+  else  # Colab's v5e-1: every notebook and variant at one device
+    python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
+      --replicas 1
+    more=(-k "not two_hosts and not two_processes")  # the pod-slice rehearsals: the other leg
+  fi
+  python -m pytest tests/test_keras3.py tests/test_runtime.py "${more[@]}" "${notebooks[@]}" \
+    --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
     -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@"
-  if [ "${#eight[@]}" -gt 0 ]; then
+  if [ "$stack" = keras3 ]; then
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
-      --replicas 8 "${eight[@]}"
+      --replicas 8 --no-variants
     env -u JAX_COMPILATION_CACHE_DIR python -m pytest "build/nbval-$stack-8" --nbval-lax \
       --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider \
       --basetemp "build/pytest-$stack-8" --durations=10 "$@"
