@@ -358,6 +358,8 @@ class Steps:
         start, done, last = time.perf_counter(), 0, None
         for last in _Feed(self, dataset.take(steps), self.per_call):
             done += last[2].steps
+        if last is None:
+            raise ValueError("the dataset gave no batch to time. Fix: check the data it reads.")
         jax.block_until_ready(last[:2])
         alone = done / (time.perf_counter() - start)
         items = list(_Feed(self, dataset.take(cached), self.per_call))
@@ -365,11 +367,11 @@ class Steps:
         for stack, active, _ in items:  # each shape compiled (or its compilation awaited)
             state = self._run("train", state, stack, active)
         jax.block_until_ready(state)
-        start, done = time.perf_counter(), 0
+        start, done, calls = time.perf_counter(), 0, 0
         while done < steps:
-            stack, active, count = items[(done // self.per_call) % len(items)]
+            stack, active, count = items[calls % len(items)]
             state = self._run("train", state, stack, active)
-            done += count.steps
+            done, calls = done + count.steps, calls + 1
         jax.block_until_ready(state)
         step = done / (time.perf_counter() - start)
         _, report = self.train(self.state(), dataset, steps)

@@ -1092,6 +1092,9 @@ def _precompile(steps, state, train, validation) -> None:
     compiles first (the steps start on it while the other widths compile)."""
     for kind, (batches, epoch, first) in (("train", train), ("evaluate", validation)):
         if batches is not None and batches.widths:
+            # a batch of the width the run starts on: a resume point past one host's steps
+            # (the filler steps of several hosts reading their own shards) takes the last
+            first = min(first, batches.steps_per_epoch - 1)
             dataset = batches.dataset(epoch, skip_steps=first).take(1)
             steps.precompile(kind, state, next(dataset.as_numpy_iterator()), batches.widths)
 
