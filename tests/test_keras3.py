@@ -678,15 +678,13 @@ def test_a_resume_point_in_the_filler_steps_of_several_hosts_compiles_its_widths
     """Hosts reading their own shards may run more steps an epoch than one host
     (``steps_on_hosts``): a save made in those last steps resumes; compiling the widths
     before it takes the first batch of one host's epoch no further than its last step."""
-    from tpu_helpers.jax_steps import Steps
-
     checkpoint, plan = _cola_batches(fixtures_dir)
     model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
     keras3.compile_classifier(model, 1e-3)
     steps = keras3._steps_for(model, plan, where="test")
     past = plan.steps_per_epoch + 2  # a step only the hosts' longer epoch has
     keras3._precompile(steps, steps.state(), (plan, 0, past), (None, 0, 0))
-    assert isinstance(steps, Steps) and len(steps._executables) == len(plan.widths)
+    assert len(steps._executables) == len(plan.widths)  # each width's train step, one each
 
 
 def _worker(fixtures_dir, tmp_path, name, kill_at=0):
