@@ -156,7 +156,7 @@ keras3_leg() {
       --replicas 1
     more=(-k "not two_hosts and not two_processes")  # the pod-slice rehearsals: the other leg
   fi
-  python -m pytest tests/test_keras3.py tests/test_runtime.py "${more[@]}" "${notebooks[@]}" \
+  python -m pytest tests/test_keras3.py tests/test_keras3_packing.py tests/test_runtime.py "${more[@]}" "${notebooks[@]}" \
     --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
     -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@"
   if [ "$stack" = keras3 ]; then

@@ -6,6 +6,9 @@ packs several examples into one row of it. Nothing here imports TensorFlow, Kera
 ``FAMILIES``       model type -> ``Family`` (every family named anywhere in the package)
 ``KERAS3``         the families the Keras 3 engine trains (``Family.keras3``)
 ``MLM``            those whose masked-LM head it builds too (``Family.mlm``)
+``KERAS3_PACKED``  those it fine-tunes packed too: its text families (KerasHub's encoder
+                   layers take a mask per query and key, its position embeddings the
+                   positions to read)
 ``PACKED``         the families packed fine-tuning covers on the TF engine
 ``OFFSET_POSITIONS`` families whose position ids start after the padding id
 =================  ================================================================
@@ -26,6 +29,7 @@ __all__ = [
     "FAMILIES",
     "KERAS3",
     "MLM",
+    "KERAS3_PACKED",
     "PACKED",
     "OFFSET_POSITIONS",
 ]
@@ -236,5 +240,6 @@ FAMILIES = {
 }
 KERAS3 = tuple(name for name, f in FAMILIES.items() if f.keras3 is not None)
 MLM = tuple(name for name, f in FAMILIES.items() if f.mlm is not None)
+KERAS3_PACKED = tuple(name for name in KERAS3 if "input_ids" in FAMILIES[name].keras3.inputs)
 PACKED = tuple(sorted(name for name, f in FAMILIES.items() if f.packed is not None))
 OFFSET_POSITIONS = frozenset(name for name, f in FAMILIES.items() if f.offset_positions)

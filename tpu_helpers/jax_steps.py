@@ -614,14 +614,21 @@ def _shapes(batch) -> list:
 
 
 def _count(group: list) -> _Count:
-    """The steps, the examples (rows of some weight) and real tokens (their attention mask's
-    ones; every position of a row weighted per token, as masked-LM blocks are) of ``group``."""
+    """The steps, the examples and the real tokens of ``group``: rows of some weight and
+    their attention mask's ones; packed rows' examples (slots of some weight) and tokens
+    (``segment_ids`` above 0); or rows weighted per token, as masked-LM blocks are, and
+    their every position."""
     examples = tokens = 0
     for features, _, weights in group:
         weights = np.asarray(weights)
         kept = weights.reshape(len(weights), -1).max(axis=1) > 0
+        features = features if isinstance(features, dict) else {}
+        if "segment_ids" in features:  # packed rows: a weight per example (slot)
+            examples += int((weights > 0).sum())
+            tokens += int((np.asarray(features["segment_ids"])[kept] > 0).sum())
+            continue
         examples += int(kept.sum())
-        mask = features.get("attention_mask") if isinstance(features, dict) else None
+        mask = features.get("attention_mask")
         if mask is not None:
             tokens += int(np.asarray(mask)[kept].sum())
         elif weights.ndim > 1:  # a weight per token: blocks whose every position is a token
