@@ -385,6 +385,31 @@ def test_a_masked_lm_loss_over_every_position_or_on_probabilities_is_refused(wro
         workshop_jax.check_masked_lm_loss(_Compiled(wrong))
 
 
+def test_the_packed_loss_over_the_examples_passes_and_one_over_every_slot_is_refused(capsys):
+    """Exercise 07.3: the same average over the weighted items, said of packed examples."""
+    right = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="mean_with_sample_weight"
+    )
+    workshop_jax.check_packed_loss(_Compiled(right))
+    assert "OK  exercise 07.3: the mean cross-entropy over the packed examples" in (
+        capsys.readouterr().out
+    )
+    every_slot = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    with pytest.raises(ExerciseCheckError, match="07.3.*every position.*empty slots weigh 0"):
+        workshop_jax.check_packed_loss(_Compiled(every_slot))
+
+
+def test_the_engines_packing_mask_and_positions_pass_the_packing_exercises(capsys):
+    """``keras3.packed_attention`` and ``packed_positions`` (``keras.ops``, what the packed
+    model computes) are the answers the checks of exercises 07.1 and 07.2 want."""
+    from tpu_helpers import keras3, workshop
+
+    workshop.check_attention_mask(keras3.packed_attention)
+    workshop.check_restarted_positions(keras3.packed_positions)
+    said = capsys.readouterr().out
+    assert "OK  exercise 07.1" in said and "OK  exercise 07.2" in said
+
+
 def test_a_keras_warmup_and_cosine_decay_passes_and_one_that_ends_late_is_refused(capsys):
     """Exercise 06.1 on Keras 3: CosineDecay warming up over its warmup_steps, then
     decaying over decay_steps; a decay far too long, or over one epoch of two, is refused."""

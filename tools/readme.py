@@ -50,9 +50,10 @@ def notebook_rows(folder: Path) -> list[tuple[str, str, str]]:
 
 def table() -> str:
     """The main track's notebooks, then the seeds' track's, one row each: the solution and
-    its exercise edition (written by tools/exercises.py). The main track's rows carry their
-    Colab links (the first cells carry the Colab and Kaggle buttons); the seeds' track does
-    not run on Colab's or Kaggle's TPUs."""
+    its exercise edition (written by tools/exercises.py). The main track's lessons carry their
+    Colab links (every first cell, the exercise editions' too, carries the Colab and Kaggle
+    buttons: the README stays a short first page); the seeds' track does not run on Colab's
+    or Kaggle's TPUs."""
     out = [
         "**Main track**: Keras 3, KerasHub and JAX, as Colab's and Kaggle's TPU runtimes ship them.",
         "",
@@ -72,12 +73,12 @@ def table() -> str:
 
 
 def _rows(folder: Path, colab: bool) -> list[str]:
-    """A track's table rows: each notebook and its exercise edition, with Colab links."""
+    """A track's table rows: each notebook (with its Colab link) and its exercise edition."""
     rows = []
     for path, title, _ in notebook_rows(folder):
         exercises = tracks.repo_path(tracks.exercise_edition(tracks.ROOT / path))
-        links = [f" ([Colab]({badges(p)[0]}))" if colab else "" for p in (path, exercises)]
-        rows.append(f"| [{title}]({path}){links[0]} | [exercises]({exercises}){links[1]} |")
+        link = f" ([Colab]({badges(path)[0]}))" if colab else ""
+        rows.append(f"| [{title}]({path}){link} | [exercises]({exercises}) |")
     return rows
 
 

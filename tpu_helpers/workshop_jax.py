@@ -25,6 +25,7 @@ __all__ = [
     "masked_loss_reference",
     "check_static_loss_jitted",
     "check_masked_lm_loss",
+    "check_packed_loss",
     "busy_step",
     "check_timing",
 ]
@@ -314,10 +315,34 @@ def check_static_loss_jitted(loss_fn: Callable, exercise: str = "05.2") -> None:
 
 
 # --- 06 ---------------------------------------------------------------------------------
+#: What a loss averaged over weighted items averages, per exercise: the items, and why an
+#: average over every position is wrong there.
+_WEIGHTED_ITEMS = {
+    "masked tokens": "85 % of the positions weigh 0, so it is far too small and changes with"
+    " the share masked",
+    "packed examples": "the empty slots weigh 0 and their number changes from row to row, so"
+    " it is too small and changes with the packing",
+}
+
+
 def check_masked_lm_loss(model, exercise: str = "06.2") -> None:
     """``model`` compiled with the masked-LM loss: the cross-entropy of the token ids on
     the logits, averaged over the masked tokens only (the batches weigh them 1, every other
     position 0), as transformers computes it; not over every position."""
+    _check_weighted_mean_loss(model, exercise, "masked tokens", "token ids")
+
+
+def check_packed_loss(model, exercise: str = "07.3") -> None:
+    """``model`` (a packed classifier) compiled with the cross-entropy of the labels on
+    the logits of each slot, averaged over the packed examples (slots of weight 1; empty
+    slots weigh 0), as an unpacked batch averages over its examples."""
+    _check_weighted_mean_loss(model, exercise, "packed examples", "class ids")
+
+
+def _check_weighted_mean_loss(model, exercise: str, items: str, labels_are: str) -> None:
+    """The compiled loss on a test batch of ``[2, 6]`` labels and weights: the cross-entropy
+    on the logits averaged over the ``items`` of weight 1 (``reduction=
+    "mean_with_sample_weight"``)."""
     loss = getattr(model, "loss", None)
     if loss is None or getattr(model, "optimizer", None) is None:
         _fail(exercise, "the model is not compiled: model.compile(optimizer=..., loss=...).")
@@ -333,23 +358,22 @@ def check_masked_lm_loss(model, exercise: str = "06.2") -> None:
     try:
         got = float(loss(labels, logits, sample_weight=weights))
     except Exception as error:  # noqa: BLE001  (the learner's loss: say where it broke)
-        _fail(exercise, f"the compiled loss raised {error!r} on token ids and logits.")
+        _fail(exercise, f"the compiled loss raised {error!r} on {labels_are} and logits.")
     if np.isclose(got, (each * weights).sum() / weights.size, rtol=1e-4):
         _fail(
             exercise,
-            f"the loss is {got:.4f}: averaged over every position, masked or not ({want:.4f}"
-            " over the masked ones). 85 % of the positions weigh 0, so it is far too small and"
-            " changes with the share masked. Fix: SparseCategoricalCrossentropy(...,"
-            " reduction='mean_with_sample_weight').",
+            f"the loss is {got:.4f}: averaged over every position, weighted or not ({want:.4f}"
+            f" over the {items}). {_WEIGHTED_ITEMS[items]}. Fix:"
+            " SparseCategoricalCrossentropy(..., reduction='mean_with_sample_weight').",
         )
     if not np.isclose(got, want, rtol=1e-4):
         _fail(
             exercise,
-            f"the loss is {got:.4f}, and the cross-entropy of the masked tokens' ids on the"
+            f"the loss is {got:.4f}, and the cross-entropy of the {items}' {labels_are} on the"
             f" logits is {want:.4f}: the model returns logits (from_logits=True), and the"
-            " labels are token ids (a sparse cross-entropy).",
+            f" labels are {labels_are} (a sparse cross-entropy).",
         )
-    _ok(exercise, f"the mean cross-entropy over the masked tokens ({got:.4f} on a test batch)")
+    _ok(exercise, f"the mean cross-entropy over the {items} ({got:.4f} on a test batch)")
 
 
 # --- 09 ---------------------------------------------------------------------------------
