@@ -1,0 +1,170 @@
+"""Packed fine-tuning against notebook 01's bucketed batches, on the Keras 3 engine.
+
+    python benchmarks/packing_keras3.py [--examples 8000] [--epochs 3] [--replicas 1]
+                                        [--task single|pairs|both]
+
+Run it in the Keras 3 stack (``STACK=keras3 bash -c 'source tools/env.sh; python ...'``).
+The data are ``benchmarks/packing.py``'s (the CoLA-like single sentences, the MRPC-like
+pairs, up to 128 tokens); the model a BERT classifier of the proportions that benchmark
+uses (hidden size 256, 4 heads, 2 layers, feed-forward 1024), written in the hub's layout
+with random weights (speed does not depend on them) and loaded by ``keras3.classifier``.
+
+Both runs go through the engine's own path, ``keras3.fit_resumable`` with
+``steps_per_execution=32`` in float32: notebook 01's batches (32 rows of the 4 widths
+chosen from the data, in runs of one width) for the classifier, and packed rows of width
+64 (``TOKENS_PER_BATCH`` tokens a batch, at most 16 examples a row) for
+``keras3.packed_classifier`` of the same classifier. The first epoch pays for compiling
+and is left out; the figure is the real (non-padding) tokens of an epoch over its
+seconds, the mean of the later epochs, and the ratio packed / bucketed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import numpy as np  # noqa: E402
+from packing import TASKS, TOKENS_PER_BATCH, load, shares  # noqa: E402
+
+SIZE = {"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}
+WIDTH, STEPS_PER_EXECUTION = 64, 32
+
+
+def wider_checkpoint(tiny: Path, folder: Path) -> Path:
+    """The tiny BERT fixture at ``SIZE``: its config with those sizes, and random weights of
+    the shapes they give under the fixture's own names (PyTorch's layout), in one file."""
+    from safetensors.numpy import load_file
+
+    from tpu_helpers.hub import write_hub_weights
+
+    config = json.loads((tiny / "config.json").read_text())
+    resize = {config["hidden_size"]: SIZE["hidden_size"]}
+    resize[config["intermediate_size"]] = SIZE["intermediate_size"]
+    rng = np.random.default_rng(0)
+    tensors = {
+        name: rng.normal(0, 0.02, [resize.get(d, d) for d in array.shape]).astype("float32")
+        for file in sorted(tiny.glob("*.safetensors"))  # one file, or shards
+        for name, array in load_file(file).items()
+    }
+    write_hub_weights(tensors, folder)
+    (folder / "config.json").write_text(json.dumps({**config, **SIZE}))
+    for path in tiny.iterdir():  # the tokenizer's files
+        if path.suffix in (".json", ".txt") and not path.name.startswith(("config", "model")):
+            (folder / path.name).write_bytes(path.read_bytes())
+    return folder
+
+
+class EpochClock:
+    """Seconds per epoch, read where the engine calls the epoch's end (its state is back
+    in the model's variables then: the epoch's steps have run)."""
+
+    def __init__(self, keras):
+        clock = self
+
+        class Callback(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                clock.started = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                clock.seconds.append(time.perf_counter() - clock.started)
+
+        self.seconds: list[float] = []
+        self.callback = Callback()
+
+
+def rate(model, batches, real_tokens: int, epochs: int, folder: str) -> float:
+    """Real tokens per second of ``fit_resumable``'s later epochs."""
+    import keras
+
+    from tpu_helpers import keras3
+
+    keras3.compile_classifier(model, 1e-4, steps_per_execution=STEPS_PER_EXECUTION)
+    clock = EpochClock(keras)
+    keras3.fit_resumable(
+        model, batches, epochs, folder, every_minutes=None, callbacks=[clock.callback], verbose=0
+    )
+    return real_tokens / float(np.mean(clock.seconds[1:]))
+
+
+def compare(checkpoint: Path, task: str, args, replicas: int) -> float:
+    from tpu_helpers import hub, keras3, packing, text
+
+    tokenized, _ = load(Path(args.fixtures), args.examples, task)
+    tokenizer = hub.load_tokenizer(str(checkpoint))
+    lengths = np.asarray(tokenized["length"])
+    real = int(lengths.sum())
+    boundaries = text.padding_boundaries(lengths, "buckets", 128)
+    print(f"\n## {task}: {len(lengths):,} examples, {real:,} real tokens, {replicas} device(s)\n")
+    shares(lengths, boundaries)
+    types = tokenized["token_type_ids"] if "token_type_ids" in tokenized.column_names else None
+    width = packing.row_width(lengths, WIDTH)
+    rows = TOKENS_PER_BATCH // width
+    layouts = {
+        f"bucketed {boundaries}, 32 rows": (
+            lambda model: model,
+            text.text_batches(
+                tokenized,
+                global_batch=32,
+                boundaries=boundaries,
+                seed=0,
+                group_widths=STEPS_PER_EXECUTION,
+            ),
+        ),
+        f"packed, width {width}, {rows} rows": (
+            keras3.packed_classifier,
+            packing.packed_batches(
+                list(tokenized["input_ids"]),
+                list(tokenized["label"]),
+                width=width,
+                global_batch=rows,
+                epochs=args.epochs,
+                max_per_row=16,
+                pad_token_id=tokenizer.pad_token_id or 0,
+                token_type_ids=types,
+            ),
+        ),
+    }
+    print("\n| training, Keras 3 engine | steps an epoch | real tokens/s |\n|---|---|---|")
+    found = []
+    for name, (wrap, batches) in layouts.items():
+        model = wrap(keras3.classifier(checkpoint, num_labels=2, verbose=False))
+        with tempfile.TemporaryDirectory() as folder:
+            found.append(rate(model, batches, real, args.epochs, folder))
+        print(f"| {name} | {batches.steps_per_epoch} | {found[-1]:,.0f} |")
+    ratio = found[1] / found[0]
+    print(
+        f"\npacked / bucketed, real tokens per second ({task}, {replicas} device(s)): {ratio:.2f}"
+    )
+    return ratio
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--examples", type=int, default=8000)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--task", choices=[*TASKS, "both"], default="both")
+    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures"))
+    args = parser.parse_args()
+    if args.epochs < 2:
+        parser.error(f"--epochs {args.epochs}: the first epoch compiles; give 2 or more")
+
+    from tpu_helpers import keras3
+
+    keras3.connect(args.replicas)
+    with tempfile.TemporaryDirectory() as folder:
+        checkpoint = wider_checkpoint(Path(args.fixtures) / "tiny-bert", Path(folder))
+        for task in TASKS if args.task == "both" else [args.task]:
+            compare(checkpoint, task, args, args.replicas)
+
+
+if __name__ == "__main__":
+    main()
