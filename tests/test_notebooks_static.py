@@ -42,6 +42,18 @@ def test_each_track_numbers_its_lessons_once_and_runs_on_its_engine():
             assert lesson.split("_")[0] in path.name, (path.name, seeds[path.name[:2]])
 
 
+@pytest.mark.parametrize("path", tracks.solutions(tracks.SEEDS), ids=tracks.repo_path)
+def test_each_seeds_notebook_says_where_it_runs_and_links_the_main_tracks_lesson(path):
+    """A learner who opens a seeds' notebook on Colab's or Kaggle's TPU (where TensorFlow
+    finds no chip) is sent, from its first cell, to the main track's notebook of the same
+    lesson; its exercise edition links that notebook too, from one folder further down."""
+    main = next(tracks.MAIN.glob(f"{path.name[:2]}_*.ipynb"))
+    for notebook, prefix in ((path, "../"), (tracks.exercise_edition(path), "../../")):
+        first = source(load(notebook)["cells"][0])
+        assert "**Where it runs**" in first and "Cloud TPU VM" in first, notebook
+        assert f"]({prefix}{main.name})" in first, (notebook, main.name)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=tracks.repo_path)
 def test_committed_without_outputs(path):
     for cell in load(path)["cells"]:

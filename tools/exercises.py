@@ -283,7 +283,7 @@ def _prompt_cell(exercise: Exercise) -> dict:
 
 
 def _title_cell(cell: dict, name: str, count: int) -> dict:
-    lines = lines_of(cell)
+    lines = _relink(lines_of(cell), True)  # before the note, whose link is the solution's
     lines[0] = lines[0].rstrip("\n") + ": exercises\n"
     note = (
         f"**Exercise edition**: {count} exercises, each followed by a cell that checks your"

@@ -133,8 +133,8 @@ KERAS3_KEEPS = ("jax", "jaxlib", "libtpu", "numpy", "protobuf", "h5py")
 #: table's ``keras3`` column): those KerasHub 0.32 converts from the hub's layout and
 #: whose classification head the table describes. Any other family stays on the TF engine.
 KERAS3_FAMILIES = KERAS3
-#: The two engines: TensorFlow with tf-keras and transformers 4's TF classes (notebooks
-#: 00-07 and 09), and Keras 3 on JAX with KerasHub (notebook 08).
+#: The two engines: TensorFlow with tf-keras and transformers 4's TF classes (the seeds'
+#: track, notebooks/tf/), and Keras 3 on JAX with KerasHub (the main track, notebooks/).
 ENGINES = ("tf", "keras3")
 
 #: The TPUs each hosted runtime offers, as its menu names them (checked 2025-09). Notebook
@@ -562,8 +562,8 @@ def install(
     engine: str = "tf",
 ) -> list[str]:
     """Print the install plan of ``engine`` (one of ``ENGINES``) for this runtime and carry
-    it out on Colab or Kaggle only. Notebooks 00-07 and 09 run the TF engine; notebook 08 the
-    Keras 3 one. Either way it first says which engine this runtime favours and why
+    it out on Colab or Kaggle only. The seeds' track (notebooks/tf/) runs the TF engine; the
+    main track (notebooks/) the Keras 3 one. Either way it first says which engine this runtime favours and why
     (``choose_engine``), so a TF notebook on a JAX TPU runtime says what it will replace.
 
     Elsewhere it only prints, so running a notebook locally never touches your packages.
