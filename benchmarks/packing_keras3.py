@@ -10,9 +10,10 @@ uses (hidden size 256, 4 heads, 2 layers, feed-forward 1024), written in the hub
 with random weights (speed does not depend on them) and loaded by ``keras3.classifier``.
 
 Both runs go through the engine's own path, ``keras3.fit_resumable`` with
-``steps_per_execution=32`` in float32: notebook 01's batches (32 rows of the 4 widths
-chosen from the data, in runs of one width) for the classifier, and packed rows of width
-64 (``TOKENS_PER_BATCH`` tokens a batch, at most 16 examples a row) for
+``steps_per_execution=32`` in float32, with about as many examples a step, as notebook 07
+trains: notebook 01's batches (32 rows of the 4 widths chosen from the data, in runs of
+one width) for the classifier, and packed rows of width 64 (widened to the longest
+example; at most 16 examples a row), ``packing.rows_per_replica`` of them per device, for
 ``keras3.packed_classifier`` of the same classifier. The first epoch pays for compiling
 and is left out; the figure is the real (non-padding) tokens of an epoch over its
 seconds, the mean of the later epochs, and the ratio packed / bucketed.
@@ -32,15 +33,18 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import numpy as np  # noqa: E402
-from packing import TASKS, TOKENS_PER_BATCH, load, shares  # noqa: E402
+from packing import TASKS, load, shares  # noqa: E402
 
 SIZE = {"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}
-WIDTH, STEPS_PER_EXECUTION = 64, 32
+WIDTH, STEPS_PER_EXECUTION, BATCH = 64, 32, 32
 
 
 def wider_checkpoint(tiny: Path, folder: Path) -> Path:
     """The tiny BERT fixture at ``SIZE``: its config with those sizes, and random weights of
-    the shapes they give under the fixture's own names (PyTorch's layout), in one file."""
+    the shapes they give under the fixture's own names (PyTorch's layout), in one file.
+    Every axis as long as the fixture's hidden or feed-forward size is taken for one (its
+    vocabulary, positions and token types are other lengths; KerasHub's converter refuses
+    a shape that does not fit the config)."""
     from safetensors.numpy import load_file
 
     from tpu_helpers.hub import write_hub_weights
@@ -106,13 +110,13 @@ def compare(checkpoint: Path, task: str, args, replicas: int) -> float:
     shares(lengths, boundaries)
     types = tokenized["token_type_ids"] if "token_type_ids" in tokenized.column_names else None
     width = packing.row_width(lengths, WIDTH)
-    rows = TOKENS_PER_BATCH // width
+    rows = packing.rows_per_replica(lengths, BATCH // replicas, width) * replicas
     layouts = {
-        f"bucketed {boundaries}, 32 rows": (
+        f"bucketed {boundaries}, {BATCH} rows": (
             lambda model: model,
             text.text_batches(
                 tokenized,
-                global_batch=32,
+                global_batch=BATCH,
                 boundaries=boundaries,
                 seed=0,
                 group_widths=STEPS_PER_EXECUTION,

@@ -18,6 +18,7 @@ one process on the global batches that two such hosts make together.
 import argparse
 import json
 import os
+import re
 import signal
 
 import numpy as np
@@ -25,6 +26,7 @@ import numpy as np
 from tpu_helpers import hub, keras3, pipeline, records, text
 
 EPOCHS, BATCH, ROWS = 2, 16, 96
+EXAMPLES = re.compile(r"epoch \d+: .* ([\d,]+) examples,")  # the engine's epoch line
 
 
 def rows(fixtures):
@@ -108,13 +110,15 @@ def main():
             if args.kill_at and self.epoch == 0 and batch + 1 >= args.kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
 
+    lines = []
     history = keras3.fit_resumable(
-        model, train, EPOCHS, args.dir, every_steps=3, callbacks=[Killer()], verbose=0
+        model, train, EPOCHS, args.dir, every_steps=3, callbacks=[Killer()], log=lines.append
     )
     out = args.out.removesuffix(".npz") + (f"-{args.process_id}" if args.process_id else "")
     np.savez(f"{out}.npz", *[np.asarray(v.value) for v in model.weights])
-    with open(f"{out}.json", "w") as f:
-        json.dump(history, f)
+    examples = [int(m[1].replace(",", "")) for m in map(EXAMPLES.search, lines) if m]
+    with open(f"{out}.json", "w") as f:  # with the examples each epoch line counts
+        json.dump({**history, "examples_per_epoch": examples}, f)
 
 
 if __name__ == "__main__":

@@ -777,6 +777,9 @@ def _same_weights_and_history(want_folder, got_folder):
         np.testing.assert_allclose(first[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
     history = [json.loads((got_folder / n).read_text()) for n in ("final.json", "final-1.json")]
     assert history[0] == history[1] and len(history[0]["loss"]) == 2
+    # the last epoch's line counts every host's examples (a resumed first one, fewer)
+    whole = json.loads((want_folder / "final.json").read_text())["examples_per_epoch"]
+    assert history[0]["examples_per_epoch"][-1] == whole[-1] > 0, (history[0], whole)
     latest = json.loads((got_folder / "run" / "latest.json").read_text())
     assert (latest["epoch"], latest["step"]) == (2, 0)
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 if os.environ.get("STACK") in ("keras3", "colab"):
-    import keras_hub  # noqa: F401  (the Keras 3 legs must not skip these)
+    import keras_hub  # (the Keras 3 legs must not skip these)
 else:
-    pytest.importorskip("keras_hub")
+    keras_hub = pytest.importorskip("keras_hub")
 
 from tpu_helpers import keras3, packing  # noqa: E402
 from tpu_helpers.errors import EngineError  # noqa: E402
@@ -49,11 +49,7 @@ def packed(examples, types, labels, rows_at_least=0, per_row=4):
     width = packing.row_width(lengths, 2 * max(lengths))
     rows = packing.pack_rows(lengths, width, max_per_row=per_row)
     arrays = packing.packed_arrays(examples, labels, rows, width, per_row, 0, types)
-    more = max(0, rows_at_least - len(rows))
-    arrays = {
-        k: np.concatenate([v, np.zeros((more, *v.shape[1:]), v.dtype)]) for k, v in arrays.items()
-    }
-    return arrays, rows
+    return packing._filled(arrays, max(rows_at_least, len(rows)), 0), rows
 
 
 def features_of(arrays):
@@ -82,6 +78,36 @@ def test_each_packed_example_gets_the_logits_it_gets_alone(fixtures_dir, family)
     logits = np.asarray(keras3.packed_classifier(model)(features_of(arrays)))
     assert logits.shape == (len(rows), 4, model.network.outputs[0].shape[-1])
     assert largest_gap(logits, rows, np.asarray(model(features))) < TOLERANCE
+
+
+def test_in_bfloat16_packed_examples_get_what_they_get_alone_in_bfloat16(fixtures_dir):
+    """Under ``mixed_bfloat16`` (the notebooks' default on a TPU) the packed model computes
+    in bfloat16 and returns float32 logits close to the unpacked model's in bfloat16: the
+    same roundings of the same numbers, other sums (the mask changes none)."""
+    features, _, examples, types = reference_examples(fixtures_dir, "bert")
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = keras3.classifier(fixtures_dir / "engines" / "bert", verbose=False)
+        arrays, rows = packed(examples, types, [0] * len(examples))
+        packed_model = keras3.packed_classifier(model)
+        logits = packed_model(features_of(arrays))
+        own = np.asarray(model(features))
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert str(logits.dtype) == "float32"
+    assert any("bfloat16" in str(layer.compute_dtype) for layer in packed_model.network.layers)
+    assert largest_gap(np.asarray(logits), rows, own) < 0.05  # 8 bits of mantissa
+
+
+def test_a_kerashub_that_builds_its_encoders_otherwise_is_refused_naming_it(
+    fixtures_dir, monkeypatch
+):
+    """The packed model rests on KerasHub calling one ``TransformerEncoder`` per layer and
+    one position embedding; a release that does otherwise is refused, not packed wrong."""
+    model = keras3.classifier(fixtures_dir / "engines" / "distilbert", verbose=False)
+    monkeypatch.setattr(keras_hub.layers, "TransformerEncoder", type("Other", (), {}))
+    with pytest.raises(EngineError, match="this KerasHub builds its encoders differently"):
+        keras3.packed_classifier(model)
 
 
 @pytest.mark.parametrize("wrong", ["mask", "positions"])

@@ -385,18 +385,40 @@ def test_a_masked_lm_loss_over_every_position_or_on_probabilities_is_refused(wro
         workshop_jax.check_masked_lm_loss(_Compiled(wrong))
 
 
-def test_the_packed_loss_over_the_examples_passes_and_one_over_every_slot_is_refused(capsys):
-    """Exercise 07.3: the same average over the weighted items, said of packed examples."""
-    right = keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction="mean_with_sample_weight"
-    )
-    workshop_jax.check_packed_loss(_Compiled(right))
-    assert "OK  exercise 07.3: the mean cross-entropy over the packed examples" in (
-        capsys.readouterr().out
-    )
-    every_slot = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    with pytest.raises(ExerciseCheckError, match="07.3.*every position.*empty slots weigh 0"):
-        workshop_jax.check_packed_loss(_Compiled(every_slot))
+def test_the_packed_compile_passes_and_each_wrong_choice_is_refused(capsys):
+    """Exercise 07.3: the loss averaged over the packed examples (said of them, not of
+    masked tokens), with notebook 01's optimizer, weighted metrics and steps per call."""
+
+    def compiled(loss=None, metrics="weighted", rate=1e-3, per_call=4, optimizer=None):
+        packed = keras.Sequential([keras.Input((6, 4)), keras.layers.Dense(3)])  # slots
+        loss = loss or keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="mean_with_sample_weight"
+        )
+        chosen = {"weighted_metrics" if metrics == "weighted" else "metrics": ["accuracy"]}
+        packed.compile(
+            optimizer=optimizer or keras.optimizers.Adam(rate),
+            loss=loss,
+            steps_per_execution=per_call,
+            **chosen,
+        )
+        return packed
+
+    workshop_jax.check_packed_loss(compiled(), 1e-3, 4)
+    said = capsys.readouterr().out
+    assert "OK  exercise 07.3: Adam at 0.001, the mean cross-entropy over the packed" in said
+    wrong = [
+        (
+            compiled(loss=keras.losses.SparseCategoricalCrossentropy(True)),
+            "every position.*empty slots weigh 0",
+        ),
+        (compiled(metrics="plain"), "weighted"),
+        (compiled(rate=1e-2), "learning rate"),
+        (compiled(per_call=1), "step"),
+        (compiled(optimizer=keras.optimizers.SGD(1e-3)), "Adam"),
+    ]
+    for model, message in wrong:
+        with pytest.raises(ExerciseCheckError, match=f"07.3.*{message}"):
+            workshop_jax.check_packed_loss(model, 1e-3, 4)
 
 
 def test_the_engines_packing_mask_and_positions_pass_the_packing_exercises(capsys):

@@ -189,6 +189,18 @@ def first_process_says(flag: bool) -> bool:
     return flag if hosts is None else bool(hosts.broadcast_one_to_all(np.asarray(flag)))
 
 
+def summed_over_processes(values) -> list[int]:
+    """Whole numbers (this process's counts) summed over every JAX process: the counts of
+    the global batches when each host reads its own rows; ``values`` with one process."""
+    from tpu_helpers.jax_steps import multihost
+
+    hosts = multihost()
+    if hosts is None:
+        return [int(v) for v in values]
+    found = np.asarray(hosts.process_allgather(np.asarray(values, np.int64)))
+    return [int(v) for v in found.reshape(-1, len(values)).sum(axis=0)]
+
+
 def same_on_every_process(value, what: str) -> None:
     """Refuse, in every JAX process, a ``value`` (numbers) that differs between them."""
     from tpu_helpers.jax_steps import multihost
@@ -400,13 +412,13 @@ def classifier(
         inputs = {"pixel_values": keras.Input((channels, height, width), name="pixel_values")}
         x = backbone(keras.ops.transpose(inputs["pixel_values"], (0, 2, 3, 1)))
     x = x["pooled_output"] if head.take == "pooled" else x[:, 0, :]
-    logits, layers = _head(keras, x, head, config, num_labels, seed)
+    logits, layers, called = _head(keras, x, head, config, num_labels, seed)
     network = keras.Model(inputs, logits, name=f"{config['model_type']}_classifier")
     loaded = _load_head(layers, reader, num_labels, ignore_mismatched_sizes, checkpoint)
     if verbose:
         _say_what_was_read(checkpoint, reader, layers, loaded)
     model = _model_class(keras)(network)
-    model.hub_source = HubSource(folder, config, head, reader, layers)
+    model.hub_source = HubSource(folder, config, head, reader, layers, head_calls=tuple(called))
     return model
 
 
@@ -541,15 +553,17 @@ def _backbone(keras, folder: Path, config: dict, head: Head):
 def _head(keras, x, head: Head, config: dict, num_labels: int, seed: int):
     """The head's layers on ``x``, initialised as transformers initialises a new head
     (truncated normal of the config's ``initializer_range``, zero biases); each dropout
-    with a seed of its own. Returns the logits and ``[(checkpoint name, Dense)]``."""
+    with a seed of its own. Returns the logits, ``[(checkpoint name, Dense)]`` and every
+    layer in the order it is called."""
     dense = [s for s in head.steps if s[0] == "dense"]
     init = keras.initializers.TruncatedNormal(
         stddev=config.get("initializer_range", 0.02), seed=seed
     )
-    layers = []
+    layers, called = [], []
     for index, step in enumerate(head.steps):
         if step[0] == "dropout":
-            x = keras.layers.Dropout(_rate(config, step[1]), seed=seed + index)(x)
+            called.append(keras.layers.Dropout(_rate(config, step[1]), seed=seed + index))
+            x = called[-1](x)
             continue
         _, name, activation = step
         last = step is dense[-1]
@@ -562,7 +576,8 @@ def _head(keras, x, head: Head, config: dict, num_labels: int, seed: int):
         )
         x = layer(x)
         layers.append((name, layer))
-    return x, layers
+        called.append(layer)
+    return x, layers, called
 
 
 def _model_class(keras):
@@ -681,9 +696,8 @@ def packed_classifier(model):
     x = keras.ops.take_along_axis(hidden, keras.ops.expand_dims(inputs["starts"], -1), axis=1)
     if source.head.take == "pooled":
         x = backbone.pooled_dense(x)
-    for layer in model.network.layers:  # the head, in order: dropouts and dense layers
-        if isinstance(layer, (keras.layers.Dropout, keras.layers.Dense)):
-            x = layer(x)
+    for layer in source.head_calls:  # the head's own layers, in order
+        x = layer(x)
     packed = _model_class(keras)(keras.Model(inputs, x, name=f"{family}_packed_classifier"))
     packed.hub_source = source
     return packed
@@ -703,9 +717,8 @@ def packed_positions(segment_ids):
     ops = _keras().ops
     index = ops.cumsum(ops.ones_like(segment_ids), axis=1)
     before = ops.expand_dims(index, 1) < ops.expand_dims(index, 2)  # [rows, query, key]
-    same = ops.equal(ops.expand_dims(segment_ids, 2), ops.expand_dims(segment_ids, 1))
-    count = ops.sum(ops.cast(ops.logical_and(same, before), "int32"), axis=-1)
-    return ops.where(segment_ids > 0, count, 0)
+    seen = ops.logical_and(packed_attention(segment_ids), before)
+    return ops.where(segment_ids > 0, ops.sum(ops.cast(seen, "int32"), axis=-1), 0)
 
 
 def _packed_encoder(keras, backbone, inputs: dict, head: Head):
@@ -738,7 +751,8 @@ def _packed_encoder(keras, backbone, inputs: dict, head: Head):
             clone_function=lambda layer: layer,  # the same layers: the same weights
             call_function=call,
         )
-    if seen["positions"] != 1 or seen["attention"] != backbone.num_layers:
+    calls = backbone.num_layers * getattr(backbone, "num_inner_repetitions", 1)  # ALBERT's
+    if seen["positions"] != 1 or seen["attention"] != calls:
         raise EngineError(_KERASHUB_CHANGED.format(f"{seen} in {type(backbone).__name__}"))
     output = clone.output
     return output["sequence_output"] if isinstance(output, dict) else output
@@ -766,6 +780,7 @@ class HubSource:
     reader: _Reader
     layers: list
     mlm: MlmHead | None = None  # a masked_lm: its head's recipe
+    head_calls: tuple = ()  # a classifier: its head's layers in the order they are called
 
 
 def save_hub_layout(
@@ -1151,6 +1166,10 @@ class JaxTrainer:
         self.hooks.on_epoch_end(epoch, logs)
         total = sum(steps.compiles.values())
         report.new_compiles, self.compiled = total - self.compiled, total
+        # each host counted its own rows: the epoch's are every host's
+        report.examples, report.real_tokens = summed_over_processes(
+            [report.examples, report.real_tokens]
+        )
         if self.verbose:
             shown = ", ".join(f"{k} {v:.4f}" for k, v in logs.items())
             self.log(

@@ -315,34 +315,65 @@ def check_static_loss_jitted(loss_fn: Callable, exercise: str = "05.2") -> None:
 
 
 # --- 06 ---------------------------------------------------------------------------------
-#: What a loss averaged over weighted items averages, per exercise: the items, and why an
-#: average over every position is wrong there.
-_WEIGHTED_ITEMS = {
-    "masked tokens": "85 % of the positions weigh 0, so it is far too small and changes with"
-    " the share masked",
-    "packed examples": "the empty slots weigh 0 and their number changes from row to row, so"
-    " it is too small and changes with the packing",
-}
-
-
 def check_masked_lm_loss(model, exercise: str = "06.2") -> None:
     """``model`` compiled with the masked-LM loss: the cross-entropy of the token ids on
     the logits, averaged over the masked tokens only (the batches weigh them 1, every other
     position 0), as transformers computes it; not over every position."""
-    _check_weighted_mean_loss(model, exercise, "masked tokens", "token ids")
+    got = _check_weighted_mean_loss(
+        model,
+        exercise,
+        ("masked tokens", "token ids"),
+        "85 % of the positions weigh 0, so it is far too small and changes with the share masked",
+    )
+    _ok(exercise, f"the mean cross-entropy over the masked tokens ({got:.4f} on a test batch)")
 
 
-def check_packed_loss(model, exercise: str = "07.3") -> None:
-    """``model`` (a packed classifier) compiled with the cross-entropy of the labels on
-    the logits of each slot, averaged over the packed examples (slots of weight 1; empty
-    slots weigh 0), as an unpacked batch averages over its examples."""
-    _check_weighted_mean_loss(model, exercise, "packed examples", "class ids")
+def check_packed_loss(
+    model, learning_rate: float, steps_per_execution: int | None = None, exercise: str = "07.3"
+) -> None:
+    """``model`` (a packed classifier) compiled as notebook 01 compiles (Adam at
+    ``learning_rate``, metrics the weights apply to: an empty slot's logits are its row's
+    first example's, and must count for nothing; ``steps_per_execution`` steps a call), with
+    the cross-entropy of each slot's class id on its logits averaged over the packed
+    examples (slots of weight 1), as an unpacked batch averages over its examples."""
+    from tpu_helpers.workshop import (
+        _learning_rate_of,
+        _optimizer_problem,
+        _steps_per_call_problem,
+        _weighted_metrics_problem,
+    )
+
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        _fail(exercise, "the model is not compiled: packed_model.compile(optimizer=..., ...).")
+    per_call = int(getattr(model, "steps_per_execution", 1) or 1)
+    problem = (
+        _optimizer_problem(optimizer, learning_rate)
+        or _weighted_metrics_problem(model)
+        or _steps_per_call_problem(per_call, steps_per_execution)
+    )
+    if problem:
+        _fail(exercise, problem)
+    got = _check_weighted_mean_loss(
+        model,
+        exercise,
+        ("packed examples", "class ids"),
+        "the empty slots weigh 0 and their number changes from row to row, so it is too small"
+        " and changes with the packing",
+    )
+    _ok(
+        exercise,
+        f"Adam at {_learning_rate_of(optimizer):g}, the mean cross-entropy over the packed"
+        f" examples ({got:.4f} on a test batch), weighted metrics, {per_call} steps a call",
+    )
 
 
-def _check_weighted_mean_loss(model, exercise: str, items: str, labels_are: str) -> None:
-    """The compiled loss on a test batch of ``[2, 6]`` labels and weights: the cross-entropy
-    on the logits averaged over the ``items`` of weight 1 (``reduction=
-    "mean_with_sample_weight"``)."""
+def _check_weighted_mean_loss(model, exercise: str, what: tuple, why_not_all: str) -> float:
+    """The compiled loss on a test batch of ``[2, 6]`` labels and weights, refused unless
+    it is the cross-entropy on the logits averaged over the items of weight 1 (``reduction=
+    "mean_with_sample_weight"``); returns it. ``what``: the items and their labels, in
+    words; ``why_not_all``: why an average over every position is wrong there."""
+    items, labels_are = what
     loss = getattr(model, "loss", None)
     if loss is None or getattr(model, "optimizer", None) is None:
         _fail(exercise, "the model is not compiled: model.compile(optimizer=..., loss=...).")
@@ -363,7 +394,7 @@ def _check_weighted_mean_loss(model, exercise: str, items: str, labels_are: str)
         _fail(
             exercise,
             f"the loss is {got:.4f}: averaged over every position, weighted or not ({want:.4f}"
-            f" over the {items}). {_WEIGHTED_ITEMS[items]}. Fix:"
+            f" over the {items}). {why_not_all[0].upper()}{why_not_all[1:]}. Fix:"
             " SparseCategoricalCrossentropy(..., reduction='mean_with_sample_weight').",
         )
     if not np.isclose(got, want, rtol=1e-4):
@@ -373,7 +404,7 @@ def _check_weighted_mean_loss(model, exercise: str, items: str, labels_are: str)
             f" logits is {want:.4f}: the model returns logits (from_logits=True), and the"
             f" labels are {labels_are} (a sparse cross-entropy).",
         )
-    _ok(exercise, f"the mean cross-entropy over the {items} ({got:.4f} on a test batch)")
+    return got
 
 
 # --- 09 ---------------------------------------------------------------------------------
