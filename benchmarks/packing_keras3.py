@@ -9,12 +9,13 @@ pairs, up to 128 tokens); the model a BERT classifier of the proportions that be
 uses (hidden size 256, 4 heads, 2 layers, feed-forward 1024), written in the hub's layout
 with random weights (speed does not depend on them) and loaded by ``keras3.classifier``.
 
-Both runs go through the engine's own path, ``keras3.fit_resumable`` with
-``steps_per_execution=32`` in float32, with about as many examples a step, as notebook 07
-trains: notebook 01's batches (32 rows of the 4 widths chosen from the data, in runs of
-one width) for the classifier, and packed rows of width 64 (widened to the longest
-example; at most 16 examples a row), ``packing.rows_per_replica`` of them per device, for
-``keras3.packed_classifier`` of the same classifier. The first epoch pays for compiling
+Every run goes through the engine's own path, ``keras3.fit_resumable`` with
+``steps_per_execution=32`` in float32: notebook 01's batches (32 rows of the 4 widths
+chosen from the data, in runs of one width) for the classifier, and packed rows of width
+64 (widened to the longest example; at most 16 examples a row) for
+``keras3.packed_classifier`` of the same classifier, two ways (``ROWS``): about as many
+examples a step as the bucketed batches (notebook 07's ``packing.rows_per_replica``), and
+32 rows, the shape of the bucketed run's widest batch. The first epoch pays for compiling
 and is left out; the figure is the real (non-padding) tokens of an epoch over its
 seconds, the mean of the later epochs, and the ratio packed / bucketed.
 """
@@ -37,6 +38,11 @@ from packing import TASKS, load, shares  # noqa: E402
 
 SIZE = {"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024}
 WIDTH, STEPS_PER_EXECUTION, BATCH = 64, 32, 32
+#: Packed rows per device, two ways: about as many examples a step as the bucketed batches
+#: (as notebook 07 trains: the same steps, schedule and per-step costs), and the bucketed
+#: run's widest batch (``BATCH`` rows of the row width: the same largest shape, so the
+#: same memory on a TPU, with about five times the examples a step).
+ROWS = {"as many examples": None, "the widest batch's shape": BATCH}  # None: rows_per_replica
 
 
 def wider_checkpoint(tiny: Path, folder: Path) -> Path:
@@ -98,7 +104,9 @@ def rate(model, batches, real_tokens: int, epochs: int, folder: str) -> float:
     return real_tokens / float(np.mean(clock.seconds[1:]))
 
 
-def compare(checkpoint: Path, task: str, args, replicas: int) -> float:
+def compare(checkpoint: Path, task: str, args, replicas: int) -> list[float]:
+    """Real tokens/s of the bucketed run and of the packed ones (``ROWS``), printed with
+    the ratios packed / bucketed; returns the ratios."""
     from tpu_helpers import hub, keras3, packing, text
 
     tokenized, _ = load(Path(args.fixtures), args.examples, task)
@@ -110,44 +118,40 @@ def compare(checkpoint: Path, task: str, args, replicas: int) -> float:
     shares(lengths, boundaries)
     types = tokenized["token_type_ids"] if "token_type_ids" in tokenized.column_names else None
     width = packing.row_width(lengths, WIDTH)
-    rows = packing.rows_per_replica(lengths, BATCH // replicas, width) * replicas
-    layouts = {
-        f"bucketed {boundaries}, {BATCH} rows": (
-            lambda model: model,
-            text.text_batches(
-                tokenized,
-                global_batch=BATCH,
-                boundaries=boundaries,
-                seed=0,
-                group_widths=STEPS_PER_EXECUTION,
-            ),
-        ),
-        f"packed, width {width}, {rows} rows": (
-            keras3.packed_classifier,
-            packing.packed_batches(
-                list(tokenized["input_ids"]),
-                list(tokenized["label"]),
-                width=width,
-                global_batch=rows,
-                epochs=args.epochs,
-                max_per_row=16,
-                pad_token_id=tokenizer.pad_token_id or 0,
-                token_type_ids=types,
-            ),
-        ),
-    }
+    bucketed = text.text_batches(
+        tokenized,
+        global_batch=BATCH,
+        boundaries=boundaries,
+        seed=0,
+        group_widths=STEPS_PER_EXECUTION,
+    )
+    runs = {f"bucketed {boundaries}, {BATCH} rows": (lambda model: model, bucketed)}
+    for layout, global_rows in ROWS.items():
+        rows = global_rows or packing.rows_per_replica(lengths, BATCH // replicas, width) * replicas
+        batches = packing.packed_batches(
+            list(tokenized["input_ids"]),
+            list(tokenized["label"]),
+            width=width,
+            global_batch=rows,
+            epochs=args.epochs,
+            max_per_row=16,
+            pad_token_id=tokenizer.pad_token_id or 0,
+            token_type_ids=types,
+        )
+        runs[f"packed, width {width}, {rows} rows ({layout})"] = (keras3.packed_classifier, batches)
     print("\n| training, Keras 3 engine | steps an epoch | real tokens/s |\n|---|---|---|")
     found = []
-    for name, (wrap, batches) in layouts.items():
+    for name, (wrap, batches) in runs.items():
         model = wrap(keras3.classifier(checkpoint, num_labels=2, verbose=False))
         with tempfile.TemporaryDirectory() as folder:
             found.append(rate(model, batches, real, args.epochs, folder))
         print(f"| {name} | {batches.steps_per_epoch} | {found[-1]:,.0f} |")
-    ratio = found[1] / found[0]
-    print(
-        f"\npacked / bucketed, real tokens per second ({task}, {replicas} device(s)): {ratio:.2f}"
-    )
-    return ratio
+    ratios = [packed / found[0] for packed in found[1:]]
+    for layout, ratio in zip(ROWS, ratios, strict=True):
+        print(
+            f"packed ({layout}) / bucketed, real tokens/s ({task}, {replicas} device(s)): {ratio:.2f}"
+        )
+    return ratios
 
 
 def main() -> None:
