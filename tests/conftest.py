@@ -1,4 +1,6 @@
+import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -150,3 +152,33 @@ def two_checkpoints(fixtures_dir, tmp_path):
     }
     save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
     return same, other
+
+
+class CompileLog(logging.Handler):
+    """JAX's own log of what it compiles (``jax_log_compiles``), while in a ``with``."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.compiled = []
+
+    def emit(self, record):
+        found = re.search(r"Finished XLA compilation of (\S+)", record.getMessage())
+        if found:
+            self.compiled.append(found.group(1))
+
+    def steps(self) -> list:
+        """The compiled programs that train or evaluate (not the small eager ops)."""
+        return [name for name in self.compiled if re.search(r"train|test|step|_call", name)]
+
+    def __enter__(self):
+        import jax
+
+        jax.config.update("jax_log_compiles", True)
+        logging.getLogger("jax").addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        import jax
+
+        jax.config.update("jax_log_compiles", False)
+        logging.getLogger("jax").removeHandler(self)

@@ -9,9 +9,7 @@ Keras 3 stack (``STACK=keras3``) and are skipped where KerasHub is not installed
 
 import itertools
 import json
-import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +22,8 @@ if os.environ.get("STACK") in ("keras3", "colab"):
     import keras_hub  # (the Keras 3 legs must not skip these)
 else:
     keras_hub = pytest.importorskip("keras_hub")
+
+from conftest import CompileLog  # noqa: E402
 
 from tpu_helpers import keras3  # noqa: E402
 from tpu_helpers.errors import (  # noqa: E402
@@ -489,32 +489,6 @@ def _cola_batches(fixtures_dir, rows=96, global_batch=16, group_widths=1):
         tokenized, global_batch=global_batch, boundaries=widths, seed=0, group_widths=group_widths
     )
     return checkpoint, plan
-
-
-class CompileLog(logging.Handler):
-    """JAX's own log of what it compiles (``jax_log_compiles``), while in a ``with``."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.compiled = []
-
-    def emit(self, record):
-        found = re.search(r"Finished XLA compilation of (\S+)", record.getMessage())
-        if found:
-            self.compiled.append(found.group(1))
-
-    def steps(self) -> list:
-        """The compiled programs that train or evaluate (not the small eager ops)."""
-        return [name for name in self.compiled if re.search(r"train|test|step|_call", name)]
-
-    def __enter__(self):
-        jax.config.update("jax_log_compiles", True)
-        logging.getLogger("jax").addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        jax.config.update("jax_log_compiles", False)
-        logging.getLogger("jax").removeHandler(self)
 
 
 def test_each_width_compiles_once_over_epochs_calls_and_a_resume(fixtures_dir, tmp_path):

@@ -16,6 +16,8 @@ if os.environ.get("STACK") in ("keras3", "colab"):
 else:
     keras_hub = pytest.importorskip("keras_hub")
 
+from conftest import CompileLog  # noqa: E402
+
 from tpu_helpers import keras3, packing  # noqa: E402
 from tpu_helpers.errors import EngineError  # noqa: E402
 from tpu_helpers.families import KERAS3_PACKED  # noqa: E402
@@ -180,13 +182,14 @@ def test_packed_fine_tuning_stopped_mid_epoch_resumes_to_the_uninterrupted_weigh
     fixtures_dir, tmp_path
 ):
     """``fit_resumable`` on packed batches (dropout on, two steps a call): one compiled
-    shape for the whole run, the epoch line counting packed examples and their tokens, and
+    shape for the whole run and nothing compiled after the first epoch (JAX's own compile
+    log), the epoch line counting each packed example once, and
     a run stopped between two saves and started again ends with the uninterrupted run's
     weights: every step's rows are the same."""
     checkpoint, batches = _cola_packed(fixtures_dir, epochs=2)
     assert batches.steps_per_epoch >= 4
 
-    def trained(folder, stop_after=None):
+    def trained(folder, stop_after=None, more=()):
         model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
         packed_model = keras3.packed_classifier(model)
         keras3.compile_classifier(packed_model, 1e-3, steps_per_execution=2)
@@ -203,12 +206,20 @@ def test_packed_fine_tuning_stopped_mid_epoch_resumes_to_the_uninterrupted_weigh
             2,
             str(folder),
             every_steps=2,
-            callbacks=[Stop()],
+            callbacks=[Stop(), *more],
             log=lines.append,
         )
         return model, packed_model, history, lines
 
-    whole, packed_model, history, lines = trained(tmp_path / "whole")
+    compiled_by_epoch = []
+
+    class Compiled(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            compiled_by_epoch.append(len(log.steps()))
+
+    with CompileLog() as log:
+        whole, packed_model, history, lines = trained(tmp_path / "whole", more=[Compiled()])
+    assert compiled_by_epoch[0] >= 1 and compiled_by_epoch[1] == compiled_by_epoch[0], log.compiled
     assert len(history["loss"]) == 2 and history["loss"][1] < history["loss"][0]
     assert list(keras3.compilations(packed_model).values()) == [1]  # one shape, one compile
     epoch_line = next(line for line in lines if "epoch 1:" in line)

@@ -275,14 +275,19 @@ def check_same_values_jitted(
 
 def masked_loss_reference(labels, logits) -> float:
     """The mean cross-entropy over the positions whose label is not -100 (NumPy)."""
-    labels, logits = np.asarray(labels), np.asarray(logits, "float64")
+    labels = np.asarray(labels)
     keep = labels != -100
     if not keep.any():
         return 0.0
+    return float(_cross_entropy(np.where(keep, labels, 0), logits)[keep].mean())
+
+
+def _cross_entropy(labels, logits) -> np.ndarray:
+    """The cross-entropy of each position's class id on its logits (NumPy, float64)."""
+    logits = np.asarray(logits, "float64")
     shifted = logits - logits.max(-1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    picked = np.take_along_axis(log_probs, np.where(keep, labels, 0)[..., None], -1)[..., 0]
-    return float(-picked[keep].mean())
+    return -np.take_along_axis(log_probs, np.asarray(labels)[..., None], -1)[..., 0]
 
 
 def check_static_loss_jitted(loss_fn: Callable, exercise: str = "05.2") -> None:
@@ -382,9 +387,7 @@ def _check_weighted_mean_loss(model, exercise: str, what: tuple, why_not_all: st
     logits = rng.normal(size=(2, 6, 7)).astype("float32")
     weights = np.zeros((2, 6), "float32")
     weights[0, 1] = weights[0, 4] = weights[1, 2] = 1.0
-    shifted = logits - logits.max(-1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    each = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+    each = _cross_entropy(labels, logits)
     want = float((each * weights).sum() / weights.sum())
     try:
         got = float(loss(labels, logits, sample_weight=weights))
