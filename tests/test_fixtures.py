@@ -1,5 +1,6 @@
 import json
 import random
+import re
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -11,6 +12,7 @@ from conftest import run_python
 from tpu_helpers.fixtures import (
     BEANS_CLASSES,
     COLA_SPLITS,
+    NOTEBOOK_FIXTURES,
     build_fixtures,
     cola_like_sentence,
     leaf_image,
@@ -68,6 +70,9 @@ def test_build_writes_loadable_artifacts_and_is_idempotent(fixtures_dir, capsys)
     paths = build_fixtures(fixtures_dir)
     assert stamp.stat().st_mtime_ns == before
     assert "up to date" in capsys.readouterr().out
+    # a stack without transformers' TF classes wants the notebooks' part: there already
+    assert build_fixtures(fixtures_dir, references=False).keys() == set(NOTEBOOK_FIXTURES)
+    assert stamp.stat().st_mtime_ns == before and "up to date" in capsys.readouterr().out
     assert set(paths) == {
         "tiny-distilbert",
         "tiny-bert",
@@ -132,6 +137,50 @@ def test_checkpoints_load_like_the_hub_ones(fixtures_dir):
     assert "TOKENS ['[CLS]', 'The', 'dog', 'ate', 'the', 'cake', '.', '[SEP]']" in out
     assert "MODEL TFDistilBertForSequenceClassification 512" in out
     assert "VIT TFViTForImageClassification 3 {'height': 32, 'width': 32} [0.5, 0.5, 0.5]" in out
+
+
+@pytest.mark.parametrize("family", ["distilbert", "bert", "vit"])
+def test_the_weight_table_is_what_transformers_saves(tmp_path, family):
+    """The notebooks' checkpoints are written without a framework, from a table of names
+    and shapes: transformers' TF class of the same config saves the same names and
+    shapes, and reads every written weight (saved again, all come back unchanged: a name
+    missing from the table would come back drawn anew, one too many would not come back)."""
+    result = run_python(
+        f"""
+        from pathlib import Path
+        import numpy as np
+        from transformers import (TFAutoModelForImageClassification,
+            TFAutoModelForMaskedLM, ViTConfig)
+        from tpu_helpers import fixtures, hub
+
+        def tensors(folder):
+            from safetensors.numpy import load_file
+            return {{k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}}
+
+        out = Path({str(tmp_path)!r})
+        if {family!r} == "vit":
+            config, cls = ViTConfig(**fixtures.TINY_VIT), TFAutoModelForImageClassification
+        else:
+            config, cls = fixtures.tiny_config({family!r}, 300, 0), TFAutoModelForMaskedLM
+        fixtures.write_untrained_checkpoint(out / "table", config, seed=3)
+        written = tensors(out / "table")
+        hub.save_hub_layout(hub.from_pretrained(cls, out / "table"), out / "again")
+        again = tensors(out / "again")
+        print("NAMES", sorted(written) == sorted(again), len(written))
+        print("VALUES", all(np.array_equal(written[k], again.get(k)) for k in written))
+        fresh = cls.from_config(config)
+        fresh(fresh.dummy_inputs)
+        hub.save_hub_layout(fresh, out / "tf")
+        theirs = tensors(out / "tf")
+        print("SHAPES", {{k: v.shape for k, v in written.items()}} == {{k: v.shape for k, v in theirs.items()}})
+        name = next(k for k, v in theirs.items() if v.ndim == 2)
+        print("SPREAD", name, abs(written[name].std() - theirs[name].std()) < 0.003)
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "NAMES True" in out and "VALUES True" in out and "SHAPES True" in out, out
+    assert re.search(r"SPREAD \S+ True", out), out
 
 
 def test_stamp_records_seed(fixtures_dir):

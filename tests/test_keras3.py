@@ -465,7 +465,7 @@ def test_other_families_and_layouts_are_refused_with_the_engine_that_reads_them(
     h5_only = tmp_path / "h5"
     h5_only.mkdir()
     for name in ("config.json", "tf_model.h5"):
-        shutil.copy(fixtures_dir / "tiny-distilbert" / name, h5_only / name)
+        shutil.copy(fixtures_dir / "engines" / "distilbert" / name, h5_only / name)
     with pytest.raises(CheckpointFormatError, match="save_pretrained"):
         keras3.classifier(h5_only, verbose=False)
 

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # The main job: execute the main track's notebooks (notebooks/: Keras 3 and KerasHub on
 # JAX, what Colab's and Kaggle's TPU runtimes run) on CPU with the offline fixtures and
-# write build/notebooks/*.ipynb plus build/report/report.html. The fixtures are built in
-# the CPU stack (their reference numbers come from the TF engine); the notebooks run in
-# the Keras 3 stack. With --seeds, the seeds' track (notebooks/tf/, the TF engine) runs
-# first in the CPU stack, into build/notebooks/tf/, and the report holds both tracks (the
-# tests run both tracks anyway). Other arguments go to tools/run_notebooks.py (--only 01);
+# write build/notebooks/*.ipynb plus build/report/report.html, all in the Keras 3 stack
+# (the offline fixtures need no TensorFlow engine). With --seeds, the seeds' track
+# (notebooks/tf/, the TF engine) runs first in the CPU stack, into build/notebooks/tf/, and
+# the report holds both tracks (the tests run both tracks anyway). Other arguments go to tools/run_notebooks.py (--only 01);
 # a failed seeds' notebook does not stop the main track, and the exit status says whether
 # any failed.
 set -uo pipefail
@@ -21,9 +20,6 @@ if [ "$seeds" = 1 ]; then
   (STACK=cpu && source tools/env.sh &&
     python tools/run_notebooks.py --engine tf "${args[@]}") || status=$?
   report=(--report-all)
-else
-  (STACK=cpu && source tools/env.sh &&
-    python tools/run_notebooks.py --fixtures-only "${args[@]}") || exit $?
 fi
 (STACK=keras3 && source tools/env.sh &&
   python tools/run_notebooks.py --engine keras3 "${report[@]}" "${args[@]}") || status=$?

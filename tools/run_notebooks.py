@@ -12,8 +12,8 @@ A notebook runs on one engine (``engine_of``, its metadata ``tpu_helpers.engine`
 track (``notebooks/``) on Keras 3 and JAX, the seeds' track (``notebooks/tf/``) on the TF engine
 (``tracks.py``). A run takes the notebooks of the engine this environment favours
 (``runtime.choose_engine``), or of ``--engine``; the seeds' track is written to ``OUT/tf/``.
-``tools/run.sh`` builds the fixtures in the CPU stack (``--fixtures-only``) and runs the main
-track in the Keras 3 stack; with ``--seeds`` it runs the seeds' track first, and
+``tools/run.sh`` runs the main track in the Keras 3 stack; with ``--seeds`` it runs the
+seeds' track first (in the CPU stack), and
 ``--report-all`` then writes one report of every executed notebook.
 
 Parameters come from ``<params>/<notebook stem>.yaml`` (``tests/params/``, ``tests/params/tf/``
@@ -77,9 +77,9 @@ def notebook_parameters(path: Path, build: Path, outputs: Path) -> dict:
     """The CPU parameters in ``path`` with placeholders filled in: ``${FIXTURES}`` (the
     fixtures in ``build``), ``${OUTPUTS}`` (what the runs write: checkpoints, records,
     models; one folder per set of runs, so that no run resumes another's checkpoints)."""
-    text = path.read_text().replace("${FIXTURES}", str(build / "fixtures"))
-    text = text.replace("${OUTPUTS}", str(outputs))
-    return yaml.safe_load(text) or {}
+    from tpu_helpers.offline import fill_in
+
+    return fill_in(path.read_text(), build / "fixtures", outputs)
 
 
 def check_replicas(replicas: int) -> None:
@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fixtures-only",
         action="store_true",
-        help="build the offline fixtures into BUILD/fixtures and stop (in the CPU stack: their"
-        " reference numbers come from the TF engine)",
+        help="build the offline fixtures into BUILD/fixtures and stop (where transformers has"
+        " its TF classes, with the TF engine's reference numbers the tests compare with)",
     )
     parser.add_argument(
         "--only",

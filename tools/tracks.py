@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tpu_helpers.offline import PARAMS as _PARAMS
+
 ROOT = Path(__file__).resolve().parent.parent
+
 MAIN = ROOT / "notebooks"
 SEEDS = MAIN / "tf"
 FOLDERS = (MAIN, SEEDS)
-PARAMS = {MAIN: ROOT / "tests" / "params", SEEDS: ROOT / "tests" / "params" / "tf"}
+PARAMS = {MAIN: ROOT / _PARAMS["main"], SEEDS: ROOT / _PARAMS["seeds"]}
 PATTERN = "[0-9][0-9]_*.ipynb"
 
 

@@ -3,13 +3,11 @@
 ``python -m tpu_helpers fixtures DIR`` (or ``build_fixtures(DIR)``) writes, from a seed:
 
 * ``DIR/tiny-distilbert``: a DistilBERT-architecture masked-LM checkpoint and a WordPiece
-  tokenizer trained here, laid out like ``distilbert-base-cased`` on the hub: PyTorch-named
-  ``model.safetensors`` beside ``tf_model.h5``;
+  tokenizer trained here, laid out as most of the hub is: PyTorch-named
+  ``model.safetensors`` alone;
 * ``DIR/tiny-bert``: the same for BERT, laid out like a checkpoint pushed from transformers 5:
   PyTorch-named safetensors in shards with ``model.safetensors.index.json``, and the
-  tokenizer and config files transformers 5 writes (``write_tiny_checkpoint`` makes one of
-  any family that packed fine-tuning covers, with its family's kind of tokenizer, in any of
-  the ``LAYOUTS``);
+  tokenizer and config files transformers 5 writes;
 * ``DIR/mrpc``: an MRPC-like paraphrase data set of sentence pairs (columns ``sentence1``,
   ``sentence2``, ``label``, ``idx``; MRPC's split sizes);
 * ``DIR/cola``: a CoLA-like acceptability data set (columns ``sentence``, ``label``,
@@ -20,8 +18,15 @@
 * ``DIR/beans``: three classes of 500x500 JPEG leaves in class folders plus a listing with
   beans' columns ``image_file_path`` and ``labels``, loadable with ``load_dataset(DIR/beans)``;
 * ``DIR/text-corpus``: raw English prose laid out like wikitext (column ``text``), for
-  masked-language-model pretraining, loadable with ``load_dataset(DIR/text-corpus)``.
+  masked-language-model pretraining, loadable with ``load_dataset(DIR/text-corpus)``;
+* ``DIR/engines`` (where transformers' TF classes are): a tiny fine-tuned-shaped checkpoint
+  of each family the Keras 3 engine trains, with the TF engine's numbers on a batch
+  (DistilBERT's beside ``tf_model.h5``, as ``distilbert-base-cased`` is on the hub).
 
+The notebooks' three checkpoints are written from a table of transformers' weight names
+(``untrained_weights``), so they need neither TensorFlow nor PyTorch; ``write_tiny_checkpoint``
+makes one of any family that packed fine-tuning covers, with its family's kind of tokenizer,
+in any of the ``LAYOUTS``, through transformers' TF classes.
 Every checkpoint loads through ``tpu_helpers.hub`` (``from_pretrained``, ``load_tokenizer``),
 as the hub's own do. The build is idempotent: a stamp file records what was built; a second call returns at once.
 """
@@ -52,6 +57,11 @@ __all__ = [
     "write_cola",
     "write_mrpc",
     "write_tiny_distilbert",
+    "write_tiny_bert",
+    "untrained_weights",
+    "write_untrained_checkpoint",
+    "NOTEBOOK_FIXTURES",
+    "tf_classes_present",
     "LAYOUTS",
     "SHARD_BYTES",
     "save_checkpoint",
@@ -70,7 +80,7 @@ __all__ = [
 ]
 
 
-FIXTURES_VERSION = 10
+FIXTURES_VERSION = 11
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
@@ -307,25 +317,27 @@ def write_mrpc(out: Path, seed: int) -> None:
 def write_tiny_distilbert(out: Path, corpus: list[str], seed: int) -> None:
     """Train a cased WordPiece tokenizer on ``corpus`` and save an untrained DistilBERT
     masked language model (classification notebooks load its base and add their head)."""
-    import tensorflow as tf
-    from transformers import DistilBertConfig, TFDistilBertForMaskedLM
-
     tokenizer = train_tokenizer("distilbert", corpus, vocab_size=1000)
-    tok = tokenizer.backend_tokenizer
-
-    tf.keras.utils.set_random_seed(seed)
-    config = DistilBertConfig(
-        vocab_size=tok.get_vocab_size(),
+    config = tiny_config(
+        "distilbert",
+        len(tokenizer),
+        tokenizer.pad_token_id,
         dim=64,
-        n_layers=2,
         n_heads=2,
         hidden_dim=128,
         max_position_embeddings=512,
-        pad_token_id=tok.token_to_id("[PAD]"),
+        num_labels=2,
     )
-    model = TFDistilBertForMaskedLM(config)  # a masked-LM checkpoint: base + MLM head
-    model(model.dummy_inputs)
-    save_checkpoint(out, model, tokenizer, "pytorch+h5")
+    write_untrained_checkpoint(out, config, tokenizer, seed)
+
+
+def write_tiny_bert(out: Path, corpus: list[str], seed: int) -> None:
+    """An untrained BERT masked language model and its WordPiece tokenizer, laid out as a
+    checkpoint pushed from transformers 5: sharded safetensors, transformers 5's tokenizer
+    and config files."""
+    tokenizer = train_tokenizer("bert", corpus)
+    config = tiny_config("bert", len(tokenizer), tokenizer.pad_token_id)
+    write_untrained_checkpoint(out, config, tokenizer, seed, "pytorch-sharded+transformers5")
 
 
 # How a checkpoint's files are laid out (see tpu_helpers.hub): PyTorch-named safetensors
@@ -515,6 +527,143 @@ def tiny_config(family: str, vocab_size: int, pad_token_id: int, num_labels: int
     return AutoConfig.for_model(family, **sizes)
 
 
+# The weights transformers saves for the architectures of the notebooks' tiny checkpoints,
+# by their PyTorch names and shapes, so that those checkpoints are written without any
+# framework: a TPU runtime has no TensorFlow, and transformers 5 no TF classes.
+# tests/test_fixtures.py holds them equal to what transformers' own classes save.
+_ARCHITECTURES = {
+    "distilbert": "DistilBertForMaskedLM",
+    "bert": "BertForMaskedLM",
+    "vit": "ViTForImageClassification",
+}
+
+
+def _linear(name: str, out: int, into: int) -> dict:
+    return {f"{name}.weight": (out, into), f"{name}.bias": (out,)}
+
+
+def _norm(name: str, size: int) -> dict:
+    return {f"{name}.weight": (size,), f"{name}.bias": (size,)}
+
+
+def _encoder_layers(prefix: str, config, attention: str, norms: tuple[str, str]) -> dict:
+    """BERT's and ViT's encoder layers: ``attention`` names the query/key/value block,
+    ``norms`` the layer norms after attention and after the feed-forward part (BERT) or
+    before them (ViT)."""
+    h, inner = config.hidden_size, config.intermediate_size
+    shapes = {}
+    for i in range(config.num_hidden_layers):
+        p = f"{prefix}.encoder.layer.{i}"
+        for part in ("query", "key", "value"):
+            shapes |= _linear(f"{p}.{attention}.{part}", h, h)
+        shapes |= _linear(f"{p}.attention.output.dense", h, h)
+        shapes |= _linear(f"{p}.intermediate.dense", inner, h)
+        shapes |= _linear(f"{p}.output.dense", h, inner)
+        shapes |= _norm(f"{p}.{norms[0]}", h) | _norm(f"{p}.{norms[1]}", h)
+    return shapes
+
+
+def _distilbert_shapes(c) -> dict:
+    shapes = {
+        "distilbert.embeddings.word_embeddings.weight": (c.vocab_size, c.dim),
+        "distilbert.embeddings.position_embeddings.weight": (c.max_position_embeddings, c.dim),
+        **_norm("distilbert.embeddings.LayerNorm", c.dim),
+    }
+    for i in range(c.n_layers):
+        p = f"distilbert.transformer.layer.{i}"
+        for part in ("q_lin", "k_lin", "v_lin", "out_lin"):
+            shapes |= _linear(f"{p}.attention.{part}", c.dim, c.dim)
+        shapes |= _linear(f"{p}.ffn.lin1", c.hidden_dim, c.dim)
+        shapes |= _linear(f"{p}.ffn.lin2", c.dim, c.hidden_dim)
+        shapes |= _norm(f"{p}.sa_layer_norm", c.dim) | _norm(f"{p}.output_layer_norm", c.dim)
+    shapes |= _linear("vocab_transform", c.dim, c.dim) | _norm("vocab_layer_norm", c.dim)
+    return shapes | {"vocab_projector.bias": (c.vocab_size,)}  # its weight: the embeddings
+
+
+def _bert_shapes(c) -> dict:
+    h = c.hidden_size
+    shapes = {
+        "bert.embeddings.word_embeddings.weight": (c.vocab_size, h),
+        "bert.embeddings.position_embeddings.weight": (c.max_position_embeddings, h),
+        "bert.embeddings.token_type_embeddings.weight": (c.type_vocab_size, h),
+        **_norm("bert.embeddings.LayerNorm", h),
+    }
+    norms = ("attention.output.LayerNorm", "output.LayerNorm")
+    shapes |= _encoder_layers("bert", c, "attention.self", norms)
+    shapes |= _linear("cls.predictions.transform.dense", h, h)
+    shapes |= _norm("cls.predictions.transform.LayerNorm", h)
+    return shapes | {"cls.predictions.bias": (c.vocab_size,)}  # the decoder: the embeddings
+
+
+def _vit_shapes(c) -> dict:
+    h, patch = c.hidden_size, c.patch_size
+    patches = (c.image_size // patch) ** 2
+    shapes = {
+        "vit.embeddings.cls_token": (1, 1, h),
+        "vit.embeddings.position_embeddings": (1, patches + 1, h),
+        **_linear("vit.embeddings.patch_embeddings.projection", h, 0),
+    }
+    shapes["vit.embeddings.patch_embeddings.projection.weight"] = (h, c.num_channels, patch, patch)
+    norms = ("layernorm_before", "layernorm_after")
+    shapes |= _encoder_layers("vit", c, "attention.attention", norms)
+    return shapes | _norm("vit.layernorm", h) | _linear("classifier", c.num_labels, h)
+
+
+_SHAPES = {"distilbert": _distilbert_shapes, "bert": _bert_shapes, "vit": _vit_shapes}
+
+
+def untrained_weights(config, seed: int = 0) -> dict:
+    """PyTorch name -> array of an untrained ``config`` (a ``distilbert`` or ``bert``
+    masked-LM, a ``vit`` image classifier) as transformers initializes one: weights drawn
+    from a normal of ``initializer_range`` cut at two deviations, biases 0, layer norms
+    1 and 0."""
+    import numpy as np
+
+    if config.model_type not in _SHAPES:
+        raise ValueError(
+            f"No weight table for model_type {config.model_type!r}. Fix: one of"
+            f" {sorted(_SHAPES)}, or write_tiny_checkpoint (transformers' TF classes)."
+        )
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for name, shape in _SHAPES[config.model_type](config).items():
+        if name.endswith(".bias"):
+            tensors[name] = np.zeros(shape, "float32")
+        elif "norm" in name.lower():
+            tensors[name] = np.ones(shape, "float32")
+        else:
+            drawn = rng.standard_normal(shape)
+            while (outside := np.abs(drawn) > 2).any():
+                drawn[outside] = rng.standard_normal(int(outside.sum()))
+            tensors[name] = (drawn * config.initializer_range).astype("float32")
+    return tensors
+
+
+def write_untrained_checkpoint(
+    out: Path, config, tokenizer=None, seed: int = 0, layout: str = "pytorch"
+) -> None:
+    """Save an untrained ``config`` (see ``untrained_weights``) and ``tokenizer`` into
+    ``out`` as the hub serves them, without TensorFlow or PyTorch: ``layout`` ``pytorch``
+    or ``pytorch-sharded``, optionally followed by ``+transformers5``."""
+    from tpu_helpers import hub
+
+    weights, _, version = layout.partition("+transformers")
+    if weights not in ("pytorch", "pytorch-sharded") or version not in ("", "5"):
+        raise ValueError(
+            f"Layout {layout!r} needs transformers' TF classes. Fix: 'pytorch' or"
+            " 'pytorch-sharded' (optionally '+transformers5'), or write_tiny_checkpoint."
+        )
+    out.mkdir(parents=True)
+    shard_bytes = SHARD_BYTES if weights == "pytorch-sharded" else None
+    hub.write_hub_weights(untrained_weights(config, seed), out, shard_bytes)
+    config.architectures = [_ARCHITECTURES[config.model_type]]
+    config.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    if version:
+        as_saved_by_transformers5(out)
+
+
 def write_tiny_checkpoint(
     out: Path,
     family: str,
@@ -572,17 +721,22 @@ TINY_VIT = {
 
 
 def write_tiny_vit(out: Path, seed: int) -> None:
-    """An untrained 32x32 ViT with 10 labels and its image processor."""
-    import tensorflow as tf
-    from transformers import TFViTForImageClassification, ViTConfig, ViTImageProcessor
+    """An untrained 32x32 ViT with 10 labels and its image processor's settings."""
+    from transformers import ViTConfig
 
-    tf.keras.utils.set_random_seed(seed)
-    model = TFViTForImageClassification(ViTConfig(**TINY_VIT))
-    model(model.dummy_inputs)
-    processor = ViTImageProcessor(
-        size={"height": 32, "width": 32}, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5]
-    )
-    save_checkpoint(out, model, processor, "pytorch")
+    write_untrained_checkpoint(out, ViTConfig(**TINY_VIT), None, seed)
+    processor = {  # what ViTImageProcessor(size=32x32, mean and std 0.5) saves
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_processor_type": "ViTImageProcessor",
+        "image_std": [0.5, 0.5, 0.5],
+        "resample": 2,
+        "rescale_factor": 1 / 255,
+        "size": {"height": 32, "width": 32},
+    }
+    (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2, sort_keys=True))
 
 
 def leaf_image(rng, label: int, size: int = BEANS_SIZE):
@@ -703,7 +857,9 @@ def write_engine_references(out: Path, corpus: list[str], seed: int) -> None:
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, model(features, training=True).logits)
         grads = tape.gradient(loss, model.trainable_variables)
-        layout = "pytorch-sharded+transformers5" if family == "bert" else "pytorch"
+        layout = {"bert": "pytorch-sharded+transformers5", "distilbert": "pytorch+h5"}.get(
+            family, "pytorch"
+        )
         save_checkpoint(out / family, model, tokenizer, layout)  # the weights before the step
         tf.keras.optimizers.SGD(ENGINE_LEARNING_RATE).apply_gradients(
             zip(grads, model.trainable_variables, strict=True)
@@ -776,30 +932,53 @@ def write_mlm_references(out: Path, corpus: list[str], seed: int) -> None:
         )
 
 
-def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = True) -> dict:
+#: What the notebooks read (both tracks), written in any stack; the engines' references
+#: ("engines") need transformers' TF classes, so only the seeds' stack writes them.
+NOTEBOOK_FIXTURES = (
+    "tiny-distilbert",
+    "tiny-bert",
+    "cola",
+    "mrpc",
+    "tiny-vit",
+    "beans",
+    "text-corpus",
+)
+
+
+def tf_classes_present() -> bool:
+    """Whether this transformers has its TF classes (4.x with TensorFlow; 5 has none)."""
+    try:
+        from transformers import TFAutoModelForMaskedLM  # noqa: F401
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def build_fixtures(
+    directory: str | os.PathLike,
+    seed: int = 0,
+    verbose: bool = True,
+    references: bool | None = None,
+) -> dict:
     """Write every fixture under ``directory`` (skipped when already built with ``seed``).
 
-    Returns a mapping from fixture name to its absolute path, the values the CPU parameter
+    The notebooks' fixtures need no TensorFlow (a CPU runtime of Colab or Kaggle builds them);
+    ``references`` (default: where transformers' TF classes are) adds ``engines``, the TF
+    engine's numbers the Keras 3 engine's tests compare with. A build with them serves a
+    call without. Returns a mapping from fixture name to its absolute path, the values the CPU parameter
     files pass to the notebooks (``model_checkpoint``, ``dataset_name`` ...).
     """
     root = Path(directory).resolve()
-    names = (
-        "tiny-distilbert",
-        "tiny-bert",
-        "cola",
-        "mrpc",
-        "tiny-vit",
-        "beans",
-        "text-corpus",
-        "engines",
-    )
+    references = tf_classes_present() if references is None else references
+    names = NOTEBOOK_FIXTURES + (("engines",) if references else ())
     paths = {name: str(root / name) for name in names}
     stamp = root / "fixtures.json"
-    wanted = {"version": FIXTURES_VERSION, "seed": seed, "paths": paths}
-    if stamp.exists() and json.loads(stamp.read_text()) == wanted:
-        if verbose:
-            print(f"fixtures: up to date in {root}")
-        return paths
+    built = json.loads(stamp.read_text()) if stamp.exists() else {}
+    if built.get("version") == FIXTURES_VERSION and built.get("seed") == seed:
+        if paths.items() <= built.get("paths", {}).items():
+            if verbose:
+                print(f"fixtures: up to date in {root}")
+            return paths
     root.mkdir(parents=True, exist_ok=True)
     staging = root / ".staging"
     shutil.rmtree(staging, ignore_errors=True)
@@ -808,29 +987,23 @@ def build_fixtures(directory: str | os.PathLike, seed: int = 0, verbose: bool = 
     corpus = [r["sentence"] for rows in make_cola_like(seed).values() for r in rows]
     write_tiny_distilbert(staging / "tiny-distilbert", corpus, seed)
     write_mrpc(staging / "mrpc", seed)
-    write_tiny_checkpoint(
-        staging / "tiny-bert", "bert", corpus, seed, layout="pytorch-sharded+transformers5"
-    )
+    write_tiny_bert(staging / "tiny-bert", corpus, seed)
     write_tiny_vit(staging / "tiny-vit", seed)
     write_text_corpus(staging / "text-corpus")
-    write_engine_references(staging / "engines", corpus, seed)
-    write_mlm_references(staging / "engines", corpus, seed)
-    for name in paths:
+    if references:
+        write_engine_references(staging / "engines", corpus, seed)
+        write_mlm_references(staging / "engines", corpus, seed)
+    for name in (*NOTEBOOK_FIXTURES, "engines"):
         shutil.rmtree(root / name, ignore_errors=True)
     # Beans paths are absolute, so write them in place after staging the rest.
     write_beans(root / "beans", seed)
-    for name in (
-        "cola",
-        "mrpc",
-        "tiny-distilbert",
-        "tiny-bert",
-        "tiny-vit",
-        "text-corpus",
-        "engines",
-    ):
-        (staging / name).rename(root / name)
+    for name in names:
+        if name != "beans":
+            (staging / name).rename(root / name)
     staging.rmdir()
-    stamp.write_text(json.dumps(wanted, indent=1))
+    stamp.write_text(
+        json.dumps({"version": FIXTURES_VERSION, "seed": seed, "paths": paths}, indent=1)
+    )
     if verbose:
         print(f"fixtures: built in {root}")
     return paths
