@@ -154,7 +154,9 @@ keras3_leg() {
   else  # Colab's v5e-1: every notebook and variant at one device
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
       --replicas 1
-    more=(-k "not two_hosts and not two_processes")  # the pod-slice rehearsals: the other leg
+    # the teaching page's no-TPU recipe, on the stack without a TF engine; the pod-slice
+    # rehearsals: the other leg
+    more=(tests/test_offline.py -k "not two_hosts and not two_processes")
   fi
   python -m pytest tests/test_keras3.py tests/test_keras3_packing.py tests/test_runtime.py "${more[@]}" "${notebooks[@]}" \
     --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
