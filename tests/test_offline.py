@@ -42,6 +42,21 @@ def test_placeholders_become_the_folders_given(tmp_path):
     }
 
 
+def test_offline_parameters_are_the_papermill_runs_with_the_fixtures_built(fixtures_dir, capsys):
+    from tpu_helpers.offline import offline_parameters
+
+    build = fixtures_dir.parent
+    values = offline_parameters("01", ROOT, build=build)
+    assert values["model_checkpoint"] == str(fixtures_dir / "tiny-distilbert")
+    assert values["dataset_name"] == str(fixtures_dir / "cola")
+    assert values["output_dir"] == str(build.resolve() / "outputs" / "01_cola")
+    assert values["simulated_replicas"] == 2 and values["epochs"] == 2
+    printed = capsys.readouterr().out
+    assert "fixtures: up to date" in printed and "  epochs = 2" in printed
+    pairs = offline_parameters("01_text_classification_fit.pairs", ROOT, build=build, verbose=False)
+    assert pairs["text_pair_column"] == "sentence2" and capsys.readouterr().out == ""
+
+
 def _recipe_cell() -> str:
     page = (ROOT / "docs" / "teaching.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", page, re.S)
