@@ -15,11 +15,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
-    """The offline fixtures, built once into build/fixtures (shared with the notebook run)."""
+    """The offline fixtures, built once into build/fixtures (shared with the notebook run),
+    with the TF engine's numbers (``engines``) that the Keras 3 engine's tests compare with."""
     from tpu_helpers.fixtures import build_fixtures
 
-    build_fixtures(ROOT / "build" / "fixtures", verbose=False)
-    return ROOT / "build" / "fixtures"
+    folder = ROOT / "build" / "fixtures"
+    if "engines" not in build_fixtures(folder, verbose=False):
+        pytest.fail(
+            f"{folder} has the notebooks' fixtures but not the TF engine's reference numbers"
+            " (engines/), which only a stack with transformers' TF classes writes. Fix: STACK=cpu"
+            " bash -c 'source tools/env.sh && python -m tpu_helpers fixtures build/fixtures',"
+            " then run the tests again (bash tools/test.sh does both)."
+        )
+    return folder
 
 
 def run_python(

@@ -235,7 +235,7 @@ def test_a_trained_model_saved_in_the_hubs_layout_loads_back_with_its_logits(
 def test_the_tf_engine_loads_what_the_keras3_engine_saved_with_the_same_logits(
     fixtures_dir, tmp_path
 ):
-    python = ROOT / ".venv" / "bin" / "python"  # the CPU stack, made with the fixtures
+    python = ROOT / ".venv" / "bin" / "python"  # the CPU stack, which wrote the references
     if not python.exists():
         pytest.skip("the CPU stack (.venv) is not made here")
     want = {}

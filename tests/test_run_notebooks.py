@@ -108,16 +108,3 @@ def test_executed_copies_of_notebooks_that_no_longer_exist_are_dropped(tmp_path)
         (tmp_path / name).write_text("{}")
     assert run_notebooks.drop_stale_runs(tmp_path, {"01_fit"}) == ["03_gone.ipynb"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["01_fit.html", "01_fit.ipynb"]
-
-
-def test_fixtures_only_builds_the_fixtures_where_the_build_folder_says_and_runs_nothing(
-    tmp_path, monkeypatch
-):
-    """The main job's first step (tools/run.sh, in the CPU stack): the fixtures, then stop."""
-    import tpu_helpers.fixtures
-
-    built = []
-    monkeypatch.setattr(tpu_helpers.fixtures, "build_fixtures", built.append)
-    assert run_notebooks.main(["--fixtures-only", "--build", str(tmp_path)]) == 0
-    assert built == [tmp_path.resolve() / "fixtures"]
-    assert list(tmp_path.iterdir()) == []  # no notebooks, no report

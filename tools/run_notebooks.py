@@ -144,12 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="executed notebooks (default BUILD/notebooks)")
     parser.add_argument("--prepare-only", action="store_true", help="inject parameters, do not run")
     parser.add_argument(
-        "--fixtures-only",
-        action="store_true",
-        help="build the offline fixtures into BUILD/fixtures and stop (where transformers has"
-        " its TF classes, with the TF engine's reference numbers the tests compare with)",
-    )
-    parser.add_argument(
         "--only",
         action="append",
         default=[],
@@ -217,9 +211,6 @@ def main(argv: list[str] | None = None) -> int:
     engine = args.engine or choose_engine(detect_runtime()).engine
 
     build = Path(args.build).resolve()
-    if args.fixtures_only:
-        build_fixtures(build / "fixtures")
-        return 0
     top = Path(args.out).resolve() if args.out else build / "notebooks"
     out = top / "tf" if engine == "tf" else top  # the seeds' track beside the main one
     out.mkdir(parents=True, exist_ok=True)
@@ -306,8 +297,9 @@ def run_all(calls: list[dict], jobs: int) -> list[str | None]:
             errors[index], seconds = execute(**call, progress=bar)
             say(index + 1, index, seconds)
         return errors
-    # "spawn": a worker starts as a fresh interpreter, not a copy of this one (which has
-    # imported TensorFlow to build the fixtures, and so holds threads a fork would break)
+    # "spawn": a worker starts as a fresh interpreter, not a copy of this one (which, in the
+    # CPU stack, has imported TensorFlow to build the fixtures, and so holds threads a fork
+    # would break)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         pending = {pool.submit(execute, **call): index for index, call in enumerate(calls)}

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tpu_helpers.offline import PARAMS as _PARAMS
-
 ROOT = Path(__file__).resolve().parent.parent
 
 MAIN = ROOT / "notebooks"
 SEEDS = MAIN / "tf"
 FOLDERS = (MAIN, SEEDS)
-PARAMS = {MAIN: ROOT / _PARAMS["main"], SEEDS: ROOT / _PARAMS["seeds"]}
+# (tpu_helpers.offline.PARAMS names the same folders for a notebook opened on a runtime)
+PARAMS = {MAIN: ROOT / "tests" / "params", SEEDS: ROOT / "tests" / "params" / "tf"}
 PATTERN = "[0-9][0-9]_*.ipynb"
 
 

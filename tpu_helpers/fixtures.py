@@ -326,7 +326,6 @@ def write_tiny_distilbert(out: Path, corpus: list[str], seed: int) -> None:
         n_heads=2,
         hidden_dim=128,
         max_position_embeddings=512,
-        num_labels=2,
     )
     write_untrained_checkpoint(out, config, tokenizer, seed)
 
@@ -356,12 +355,7 @@ def save_checkpoint(
     followed by ``+transformers5``; shards of at most ``shard_bytes``."""
     from tpu_helpers import hub
 
-    weights, _, version = layout.partition("+transformers")
-    if weights not in LAYOUTS or version not in ("", "5"):
-        raise ValueError(
-            f"Unknown checkpoint layout {layout!r}. Fix: one of {LAYOUTS}, optionally"
-            " followed by '+transformers5'."
-        )
+    weights, version = _layout(layout)
     out.mkdir(parents=True)
     if weights in ("pytorch+h5", "tf-h5"):
         model.save_pretrained(out, safe_serialization=False)  # config.json + tf_model.h5
@@ -372,6 +366,17 @@ def save_checkpoint(
         tokenizer.save_pretrained(out)
     if version:
         as_saved_by_transformers5(out)
+
+
+def _layout(layout: str) -> tuple[str, str]:
+    """``(weights, transformers version)`` of a layout name such as ``pytorch+transformers5``."""
+    weights, _, version = layout.partition("+transformers")
+    if weights not in LAYOUTS or version not in ("", "5"):
+        raise ValueError(
+            f"Unknown checkpoint layout {layout!r}. Fix: one of {LAYOUTS}, optionally"
+            " followed by '+transformers5'."
+        )
+    return weights, version
 
 
 def as_saved_by_transformers5(folder: Path) -> None:
@@ -601,9 +606,9 @@ def _vit_shapes(c) -> dict:
     shapes = {
         "vit.embeddings.cls_token": (1, 1, h),
         "vit.embeddings.position_embeddings": (1, patches + 1, h),
-        **_linear("vit.embeddings.patch_embeddings.projection", h, 0),
+        "vit.embeddings.patch_embeddings.projection.weight": (h, c.num_channels, patch, patch),
+        "vit.embeddings.patch_embeddings.projection.bias": (h,),
     }
-    shapes["vit.embeddings.patch_embeddings.projection.weight"] = (h, c.num_channels, patch, patch)
     norms = ("layernorm_before", "layernorm_after")
     shapes |= _encoder_layers("vit", c, "attention.attention", norms)
     return shapes | _norm("vit.layernorm", h) | _linear("classifier", c.num_labels, h)
@@ -614,9 +619,9 @@ _SHAPES = {"distilbert": _distilbert_shapes, "bert": _bert_shapes, "vit": _vit_s
 
 def untrained_weights(config, seed: int = 0) -> dict:
     """PyTorch name -> array of an untrained ``config`` (a ``distilbert`` or ``bert``
-    masked-LM, a ``vit`` image classifier) as transformers initializes one: weights drawn
-    from a normal of ``initializer_range`` cut at two deviations, biases 0, layer norms
-    1 and 0."""
+    masked-LM, a ``vit`` image classifier) as transformers' TF classes initialize one:
+    weights drawn from a normal of ``initializer_range`` cut at two deviations, biases 0,
+    layer norms 1 and 0."""
     import numpy as np
 
     if config.model_type not in _SHAPES:
@@ -645,17 +650,22 @@ def write_untrained_checkpoint(
     """Save an untrained ``config`` (see ``untrained_weights``) and ``tokenizer`` into
     ``out`` as the hub serves them, without TensorFlow or PyTorch: ``layout`` ``pytorch``
     or ``pytorch-sharded``, optionally followed by ``+transformers5``."""
+    import copy
+
     from tpu_helpers import hub
 
-    weights, _, version = layout.partition("+transformers")
-    if weights not in ("pytorch", "pytorch-sharded") or version not in ("", "5"):
+    weights, version = _layout(layout)
+    if weights not in ("pytorch", "pytorch-sharded"):
         raise ValueError(
-            f"Layout {layout!r} needs transformers' TF classes. Fix: 'pytorch' or"
-            " 'pytorch-sharded' (optionally '+transformers5'), or write_tiny_checkpoint."
+            f"Layout {layout!r} holds tf_model.h5, which needs transformers' TF classes. Fix:"
+            " 'pytorch' or 'pytorch-sharded' (optionally '+transformers5'), or"
+            " write_tiny_checkpoint in the CPU stack."
         )
+    tensors = untrained_weights(config, seed)  # an unknown model type: refused here
     out.mkdir(parents=True)
     shard_bytes = SHARD_BYTES if weights == "pytorch-sharded" else None
-    hub.write_hub_weights(untrained_weights(config, seed), out, shard_bytes)
+    hub.write_hub_weights(tensors, out, shard_bytes)
+    config = copy.deepcopy(config)
     config.architectures = [_ARCHITECTURES[config.model_type]]
     config.save_pretrained(out)
     if tokenizer is not None:
@@ -933,7 +943,7 @@ def write_mlm_references(out: Path, corpus: list[str], seed: int) -> None:
 
 
 #: What the notebooks read (both tracks), written in any stack; the engines' references
-#: ("engines") need transformers' TF classes, so only the seeds' stack writes them.
+#: ("engines") need transformers' TF classes, so only the TF engine's stacks write them.
 NOTEBOOK_FIXTURES = (
     "tiny-distilbert",
     "tiny-bert",
@@ -946,12 +956,14 @@ NOTEBOOK_FIXTURES = (
 
 
 def tf_classes_present() -> bool:
-    """Whether this transformers has its TF classes (4.x with TensorFlow; 5 has none)."""
+    """Whether this transformers has its TF classes and TensorFlow to run them (4.x with
+    TensorFlow and tf-keras; 5 has none, and 4.x without TensorFlow only placeholders)."""
     try:
-        from transformers import TFAutoModelForMaskedLM  # noqa: F401
-    except (ImportError, AttributeError):
+        import transformers
+        from transformers.utils import is_tf_available
+    except ImportError:
         return False
-    return True
+    return int(transformers.__version__.split(".")[0]) < 5 and is_tf_available()
 
 
 def build_fixtures(
@@ -969,6 +981,12 @@ def build_fixtures(
     files pass to the notebooks (``model_checkpoint``, ``dataset_name`` ...).
     """
     root = Path(directory).resolve()
+    if references and not tf_classes_present():
+        raise ValueError(
+            "references=True: the engines' reference numbers need transformers' TF classes,"
+            " which this environment lacks. Fix: build them in the CPU stack (STACK=cpu bash -c"
+            " 'source tools/env.sh && python -m tpu_helpers fixtures build/fixtures')."
+        )
     references = tf_classes_present() if references is None else references
     names = NOTEBOOK_FIXTURES + (("engines",) if references else ())
     paths = {name: str(root / name) for name in names}
@@ -980,6 +998,7 @@ def build_fixtures(
                 print(f"fixtures: up to date in {root}")
             return paths
     root.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)  # a build stopped part way is no build
     staging = root / ".staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()

@@ -32,8 +32,8 @@ def parameters_file(notebook: str, repo: str | os.PathLike = ".", track: str = "
     if not folder.is_dir():
         raise FileNotFoundError(
             f"{folder} does not exist: {repo} is not a clone of tpu-transformers-notebooks."
-            " Fix: git clone https://github.com/tpu-transformers/tpu-transformers-notebooks"
-            " and pass the clone's folder."
+            " Fix: git clone the repository (docs/teaching.md, *The room has no TPU*) and"
+            " pass the clone's folder."
         )
     files = sorted(folder.glob("*.yaml"))
     exact = [f for f in files if f.stem == notebook]
@@ -71,7 +71,7 @@ def offline_parameters(
 
     path = parameters_file(notebook, repo, track)
     build = Path(build) if build is not None else Path(repo) / "build"
-    fixtures = build_fixtures(build / "fixtures", verbose=verbose)
+    fixtures = build_fixtures(build / "fixtures", verbose=verbose, references=False)
     values = fill_in(path.read_text(), Path(fixtures["cola"]).parent, build.resolve() / "outputs")
     if verbose:
         print(f"offline parameters of {path.name}:")
