@@ -52,6 +52,8 @@ def test_placeholders_become_the_folders_given(tmp_path):
         "out": "/o/01",
         "epochs": 2,
     }
+    odd = "/my drive/a: b #1"  # YAML's separators in a folder's name change nothing
+    assert fill_in(text, odd, odd)["model"] == f"{odd}/tiny-bert"
 
 
 def test_offline_parameters_are_the_papermill_runs_with_the_fixtures_built(fixtures_dir, capsys):

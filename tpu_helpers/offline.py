@@ -49,11 +49,16 @@ def parameters_file(notebook: str, repo: str | os.PathLike = ".", track: str = "
 
 
 def fill_in(text: str, fixtures: str | os.PathLike, outputs: str | os.PathLike) -> dict:
-    """A parameter file's ``text`` read as YAML with its placeholders filled in."""
+    """A parameter file's ``text`` read as YAML, with the placeholders in its string values
+    filled in (after parsing: a folder's name cannot change how the file reads)."""
     import yaml
 
-    text = text.replace("${FIXTURES}", str(fixtures)).replace("${OUTPUTS}", str(outputs))
-    return yaml.safe_load(text) or {}
+    def filled(value):
+        if not isinstance(value, str):
+            return value
+        return value.replace("${FIXTURES}", str(fixtures)).replace("${OUTPUTS}", str(outputs))
+
+    return {name: filled(value) for name, value in (yaml.safe_load(text) or {}).items()}
 
 
 def offline_parameters(
