@@ -362,6 +362,12 @@ def save_checkpoint(
     if weights.startswith("pytorch"):
         sharded = weights == "pytorch-sharded"
         hub.save_hub_layout(model, out, max_shard_bytes=shard_bytes if sharded else None)
+    _save_preprocessing(out, tokenizer, version)
+
+
+def _save_preprocessing(out: Path, tokenizer, version: str) -> None:
+    """The tokenizer's (or image processor's) files beside the weights, rewritten as
+    transformers 5 writes them when ``version`` is ``"5"``."""
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     if version:
@@ -668,10 +674,7 @@ def write_untrained_checkpoint(
     config = copy.deepcopy(config)
     config.architectures = [_ARCHITECTURES[config.model_type]]
     config.save_pretrained(out)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
-    if version:
-        as_saved_by_transformers5(out)
+    _save_preprocessing(out, tokenizer, version)
 
 
 def write_tiny_checkpoint(
@@ -981,13 +984,14 @@ def build_fixtures(
     files pass to the notebooks (``model_checkpoint``, ``dataset_name`` ...).
     """
     root = Path(directory).resolve()
-    if references and not tf_classes_present():
+    present = tf_classes_present()
+    if references and not present:
         raise ValueError(
             "references=True: the engines' reference numbers need transformers' TF classes,"
             " which this environment lacks. Fix: build them in the CPU stack (STACK=cpu bash -c"
             " 'source tools/env.sh && python -m tpu_helpers fixtures build/fixtures')."
         )
-    references = tf_classes_present() if references is None else references
+    references = present if references is None else references
     names = NOTEBOOK_FIXTURES + (("engines",) if references else ())
     paths = {name: str(root / name) for name in names}
     stamp = root / "fixtures.json"

@@ -75,9 +75,9 @@ def offline_parameters(
     from tpu_helpers.fixtures import build_fixtures
 
     path = parameters_file(notebook, repo, track)
-    build = Path(build) if build is not None else Path(repo) / "build"
-    fixtures = build_fixtures(build / "fixtures", verbose=verbose, references=False)
-    values = fill_in(path.read_text(), Path(fixtures["cola"]).parent, build.resolve() / "outputs")
+    build = (Path(build) if build is not None else Path(repo) / "build").resolve()
+    build_fixtures(build / "fixtures", verbose=verbose, references=False)
+    values = fill_in(path.read_text(), build / "fixtures", build / "outputs")
     if verbose:
         print(f"offline parameters of {path.name}:")
         for name, value in values.items():
