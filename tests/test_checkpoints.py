@@ -217,10 +217,80 @@ def test_checkpoints_of_another_global_batch_are_refused(tmp_path):
     four = pipeline.from_arrays(features, labels, global_batch=4)
     fit_resumable(model(), four, 1, str(tmp_path), log=said.append, verbose=0)
     recorded = json.loads((tmp_path / "run.json").read_text())
-    assert recorded == {"global_batch": 4, "steps_per_epoch": 2}
+    assert recorded == {
+        "global_batch": 4,
+        "steps_per_epoch": 2,
+        "optimizer": "Adam",
+        "learning_rate": 0.001,
+    }
     eight = pipeline.from_arrays(features, labels, global_batch=8)
     with pytest.raises(CheckpointMismatchError, match="global_batch was 4 there and is 8"):
         fit_resumable(model(), eight, 2, str(tmp_path), log=said.append, verbose=0)
+
+
+def _tiny_tf_run(rate=1e-3, loss="mse"):
+    """A two-weight tf-keras model compiled with Adam(``rate``), and 8 rows in batches of 4."""
+    import tensorflow as tf
+
+    from tpu_helpers import pipeline
+
+    x = tf.keras.Input((4,), name="x")
+    model = tf.keras.Model({"x": x}, tf.keras.layers.Dense(2)(x))
+    model.compile(tf.keras.optimizers.Adam(rate), loss)
+    features = {"x": np.arange(32.0).reshape(8, 4)}
+    return model, pipeline.from_arrays(features, np.zeros((8, 2), np.float32), global_batch=4)
+
+
+def test_a_run_resumed_with_another_learning_rate_is_refused_naming_both(tmp_path):
+    from tpu_helpers.checkpoints import CheckpointMismatchError, fit_resumable
+
+    model, four = _tiny_tf_run(1e-3)
+    fit_resumable(model, four, 1, str(tmp_path), log=lambda _: None, verbose=0)
+    model, four = _tiny_tf_run(5e-5)
+    with pytest.raises(CheckpointMismatchError, match="learning_rate was 0.001 there and is 5e-05"):
+        fit_resumable(model, four, 2, str(tmp_path), log=lambda _: None, verbose=0)
+
+
+def test_a_loss_that_is_no_longer_a_number_stops_the_run_before_it_saves(tmp_path):
+    import tensorflow as tf
+
+    from tpu_helpers.checkpoints import fit_resumable
+    from tpu_helpers.errors import TrainingDivergedError
+
+    said = []
+    model, four = _tiny_tf_run()
+    fit_resumable(model, four, 1, str(tmp_path), log=said.append, verbose=0)
+    saved = sorted(p.name for p in tmp_path.iterdir())
+
+    def poisoned(y, p):  # what a diverged step gives: a loss that is not a number
+        return tf.reduce_mean(p) * float("nan")
+
+    for every_steps in (1, None):  # a save due mid-epoch, then the epoch's end
+        model, four = _tiny_tf_run(loss=poisoned)
+        with pytest.raises(TrainingDivergedError, match="the loss is nan in epoch 2 .* Fix:"):
+            fit_resumable(
+                model, four, 2, str(tmp_path), every_steps=every_steps, log=said.append, verbose=0
+            )
+        assert sorted(p.name for p in tmp_path.iterdir()) == saved  # the last good save kept
+    assert issubclass(TrainingDivergedError, ArithmeticError)
+
+
+def test_an_epoch_whose_data_ends_before_its_steps_is_refused_before_its_save(tmp_path):
+    import tensorflow as tf
+
+    from tpu_helpers import pipeline
+    from tpu_helpers.checkpoints import fit_resumable
+
+    model, _ = _tiny_tf_run()
+    rows = tf.data.Dataset.from_tensor_slices(
+        ({"x": np.ones((4, 4), np.float32)}, np.zeros((4, 2), np.float32), np.ones(4, np.float32))
+    )
+    three = pipeline.from_dataset_fn(
+        lambda epoch, skip: rows.batch(4, drop_remainder=True), steps_per_epoch=3, global_batch=4
+    )
+    with pytest.raises(ValueError, match="gave 1 batch.* in epoch 1 of fit_resumable.*3 step"):
+        fit_resumable(model, three, 1, str(tmp_path), log=lambda _: None, verbose=0)
+    assert not list(tmp_path.glob("ckpt-1*"))  # the step-0 save alone: no epoch end saved
 
 
 def test_the_resume_pieces_of_a_plain_fit_loop(tmp_path):

@@ -424,6 +424,106 @@ def test_a_head_of_another_size_needs_ignore_mismatched_sizes(fixtures_dir):
     assert model.network.output.shape[-1] == 5
 
 
+def test_a_new_head_is_saved_with_names_of_its_own_and_a_half_precision_checkpoint_in_float32(
+    fixtures_dir, tmp_path
+):
+    from safetensors.numpy import load_file, save_file
+
+    half = _copy(fixtures_dir / "engines" / "distilbert", tmp_path / "half")
+    tensors = load_file(half / "model.safetensors")
+    save_file(
+        {k: v.astype(np.float16) for k, v in tensors.items()},
+        half / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    config = json.loads((half / "config.json").read_text())
+    config.update(torch_dtype="float16", id2label={"0": "neg", "1": "mixed", "2": "pos"})
+    (half / "config.json").write_text(json.dumps(config))
+    model = keras3.classifier(half, num_labels=2, ignore_mismatched_sizes=True, verbose=False)
+    for variable in model.trainable_variables:  # a fine-tuning's small moves
+        variable.assign(variable.value + 1e-4)
+    keras3.save_hub_layout(model, tmp_path / "saved")
+    saved = load_file(tmp_path / "saved" / "model.safetensors")
+    assert {str(v.dtype) for v in saved.values()} == {"float32"}
+    again = keras3.classifier(tmp_path / "saved", verbose=False)
+    for a, b in zip(model.trainable_variables, again.trainable_variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(a.value), np.asarray(b.value), err_msg=a.path)
+    written = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert written["id2label"] == {"0": "LABEL_0", "1": "LABEL_1"}  # not 'neg', 'mixed'
+    assert written["torch_dtype"] == "float32"
+
+
+def test_a_misspelt_option_or_a_rate_that_cannot_train_is_refused_naming_it(fixtures_dir):
+    with pytest.raises(TypeError, match="num_label: not an option .* Fix"):
+        keras3.classifier(fixtures_dir / "tiny-distilbert", num_label=5, verbose=False)
+    model = keras3.classifier(fixtures_dir / "tiny-distilbert", num_labels=2, verbose=False)
+    for rate in (-1e-3, 0.0, float("nan"), "3e-5"):
+        with pytest.raises(ValueError, match=f"learning_rate={rate!r} must be a number above 0"):
+            keras3.compile_classifier(model, rate)
+    assert keras3.compile_classifier(model, 3e-5).optimizer is not None
+
+
+def test_a_run_resumed_with_another_learning_rate_is_refused_naming_both(fixtures_dir, tmp_path):
+    checkpoint, train = _cola_batches(fixtures_dir)
+
+    def compiled(rate):
+        model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
+        return keras3.compile_classifier(model, rate)
+
+    keras3.fit_resumable(compiled(1e-3), train, 1, str(tmp_path), verbose=0)
+    with pytest.raises(CheckpointMismatchError, match="learning_rate was 0.001 there and is 5e-05"):
+        keras3.fit_resumable(compiled(5e-5), train, 2, str(tmp_path), verbose=0)
+    assert (
+        len(keras3.fit_resumable(compiled(1e-3), train, 2, str(tmp_path), verbose=0)["loss"]) == 2
+    )
+
+
+def test_a_loss_that_is_no_longer_a_number_stops_the_run_before_it_saves(fixtures_dir, tmp_path):
+    from tpu_helpers.errors import TrainingDivergedError
+
+    checkpoint, train = _cola_batches(fixtures_dir)
+    model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
+    keras3.compile_classifier(model, 1e-3)
+    keras3.fit_resumable(model, train, 1, str(tmp_path), verbose=0)
+    saved = sorted(p.name for p in tmp_path.iterdir())
+    good = [np.asarray(v.value) for v in model.trainable_variables]
+
+    class Diverge(keras.callbacks.Callback):  # what a step that overflowed leaves
+        def on_epoch_begin(self, epoch, logs=None):
+            weight = self.model.trainable_variables[0]
+            weight.assign(weight.value * float("nan"))
+
+    for every_steps in (1, None):  # a save due mid-epoch, then the epoch's end
+        with pytest.raises(TrainingDivergedError, match="the loss is nan in epoch 2 .* Fix:"):
+            keras3.fit_resumable(
+                model, train, 2, str(tmp_path), every_steps=every_steps, callbacks=[Diverge()]
+            )
+        assert sorted(p.name for p in tmp_path.iterdir()) == saved  # the last good save kept
+    keras3.fit_resumable(model, train, 2, str(tmp_path), verbose=0)  # resumes from it
+    for before, after in zip(good, model.trainable_variables, strict=True):
+        assert np.isfinite(np.asarray(after.value)).all() and after.shape == before.shape
+
+
+def test_an_epoch_whose_data_ends_before_its_steps_is_refused_before_its_save(
+    fixtures_dir, tmp_path
+):
+    import tensorflow as tf
+
+    from tpu_helpers.pipeline import from_dataset_fn
+
+    features, ref = reference(fixtures_dir, "distilbert")
+    model = keras3.classifier(fixtures_dir / "engines" / "distilbert", verbose=False)
+    keras3.compile_classifier(model, 1e-3)
+    rows = {k: v[:8] for k, v in features.items()}
+    data = tf.data.Dataset.from_tensor_slices((rows, ref["labels"][:8], np.ones(8, "float32")))
+    three = from_dataset_fn(
+        lambda e, s: data.batch(8, drop_remainder=True), steps_per_epoch=3, global_batch=8
+    )
+    with pytest.raises(ValueError, match="gave 1 batch.* in epoch 1 of fit_resumable.*3 step"):
+        keras3.fit_resumable(model, three, 1, str(tmp_path), verbose=0)
+    assert not list(tmp_path.glob("state-1-*"))  # the start's save alone
+
+
 def _copy(source: Path, target: Path, drop: str | None = None) -> Path:
     """A copy of a one-file checkpoint folder, without the tensors named ``drop...``."""
     from safetensors.numpy import load_file, save_file

@@ -397,6 +397,10 @@ def test_missing_text_and_empty_splits_are_named():
 
     with pytest.raises(ValueError, match="Column 'sentence2' has a missing value .None. at row 2"):
         text.tokenize(Dataset.from_list(rows), Whitespace(), 32, "sentence1", 1000, "sentence2")
+    with pytest.raises(
+        ValueError, match=r"no column 'text' .* \['sentence1', .* Fix: text_column="
+    ):
+        text.tokenize(Dataset.from_list(rows), Whitespace(), 32, "text")
     empty = {"input_ids": [], "length": [], "label": []}
     with pytest.raises(ValueError, match="no examples"):
         text.text_batches(empty, global_batch=8, boundaries=[16])

@@ -312,10 +312,12 @@ class TfTrainer:
     def train_epoch(self, train, validation, epoch, first, after_call, callbacks) -> dict:
         import tensorflow as tf
 
-        checkpoints, start = self.checkpoints, epoch * self.steps
+        checkpoints, start, trainer = self.checkpoints, epoch * self.steps, self
+        self.last_loss = None
 
         class AfterCall(tf.keras.callbacks.Callback):
             def on_train_batch_end(self, batch, logs=None):
+                trainer.last_loss = (logs or {}).get("loss", trainer.last_loss)
                 after_call(checkpoints.step - start)  # the optimizer's counter: the position
 
         kwargs = dict(self.fit_kwargs)
@@ -330,7 +332,17 @@ class TfTrainer:
             callbacks=[*callbacks, AfterCall()],
             **kwargs,
         )
-        return {k: v[-1] for k, v in fitted.history.items()}
+        logs = {k: v[-1] for k, v in fitted.history.items()}
+        self.last_loss = logs.get("loss", self.last_loss)
+        # the steps this fit ran: tf-keras counts them (reset by each fit); the optimizer's
+        # counter also moves on the step that found the data ended
+        counter = getattr(self.model, "_train_counter", None)
+        done = int(counter.numpy()) if counter is not None else checkpoints.step - start - first
+        return logs, done
+
+    def loss(self) -> float | None:
+        """The epoch's mean loss so far (the last call's logs), or None before any."""
+        return None if self.last_loss is None else float(self.last_loss)
 
     def save(self, epoch: int, step: int) -> None:
         self.log(f"checkpoint step {self.checkpoints.step}: {self.checkpoints.save()}")

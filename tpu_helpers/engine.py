@@ -18,8 +18,9 @@ What differs is an engine's ``Trainer`` (the seam):
 A trainer has ``steps_per_epoch(batches)``, ``check(train, validation)``, ``model_config()``
 (the positions, classes and vocabulary the batches are checked against),
 ``source_fingerprint()`` (of the checkpoint loaded, or None), ``open(directory, run,
-epochs) -> (epoch, step)`` (restore, or save the start), ``train_epoch(train, validation,
-epoch, first_step, after_call, callbacks) -> logs``, ``save(epoch, step)``, ``finish()``,
+epochs) -> (epoch, step)`` (restore, or save the start), ``train_epoch(train, validation, epoch,
+first_step, after_call, callbacks) -> (logs, steps run)``, ``loss()`` (the epoch's loss
+so far), ``save(epoch, step)``, ``finish()``,
 ``predict(batches) -> (labels, predictions, weights)``, ``writer`` (whether this process
 writes the run's files: one of a pod slice's hosts) and ``agree(flag) -> bool`` (the flag
 of that process, in every process: a save that is due by the clock is due on every host).
@@ -36,6 +37,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from tpu_helpers.checks import first_line
+from tpu_helpers.errors import TrainingDivergedError
 from tpu_helpers.pipeline import require_batches
 from tpu_helpers.validate import check_positive
 
@@ -46,6 +48,8 @@ __all__ = [
     "Cadence",
     "History",
     "check_save_every",
+    "check_finite",
+    "optimizer_record",
     "data_errors_explained",
 ]
 
@@ -174,8 +178,12 @@ def fit_resumable(
     minutes (``None`` or 0: never by that measure; checked after each compiled call) and
     at each epoch's end; ``run`` adds to what the saves must match (the steps per epoch and
     the global batch always): a folder holding another run is refused, naming the
-    difference. Before any step, rows wider than the model's positions and a global batch
-    the devices cannot split are refused. ``validation`` (a ``Batches``) is evaluated after
+    difference (the optimizer's class and learning rate included: a run resumed with
+    another rate would silently keep the saved one). Before any step, rows wider than the
+    model's positions and a global batch the devices cannot split are refused; an epoch
+    whose data ends before its steps is refused before its save, and a loss that is no
+    longer a number stops the run before it saves (``TrainingDivergedError``), so the
+    last save is the last good state. ``validation`` (a ``Batches``) is evaluated after
     each epoch; ``callbacks`` are Keras callbacks of the model's Keras. A data error met
     while reading (a corrupt shard) is raised with what ``train`` says of it (the shard,
     the fix). ``fit_kwargs`` go to tf-keras' ``fit`` (TF engine only). Returns the history
@@ -194,7 +202,12 @@ def fit_resumable(
     for batches in (train, validation):  # positions, labels and ids the model has
         if batches is not None:
             batches.check_model(trainer.model_config())
-    run = {"steps_per_epoch": steps, "global_batch": train.global_batch, **(run or {})}
+    run = {
+        "steps_per_epoch": steps,
+        "global_batch": train.global_batch,
+        **optimizer_record(getattr(model, "optimizer", None)),
+        **(run or {}),
+    }
     if train.order:  # what decides which batches a resumed epoch skips
         run["order"] = train.order
     source = trainer.source_fingerprint()
@@ -213,16 +226,48 @@ def fit_resumable(
             if cadence.every_minutes:  # by the clock: every process takes the first's word
                 due = trainer.agree(due)
             if step < steps and due:
+                check_finite(trainer.loss(), epoch, step)
                 trainer.save(epoch, step)
                 cadence.restart(step)
 
         with data_errors_explained(train, f"epoch {epoch + 1} after step {first}"):
-            logs = trainer.train_epoch(train, validation, epoch, first, after_call, callbacks)
+            logs, done = trainer.train_epoch(train, validation, epoch, first, after_call, callbacks)
+        if first + done < steps:  # the data ended first: no save of steps never run
+            raise train.ran_out(first + done, f"epoch {epoch + 1} of fit_resumable")
+        check_finite(trainer.loss(), epoch, steps)
         history.add(epoch, logs)  # before the save: a kill between them redoes this row
         trainer.save(epoch + 1, 0)
         epoch, first = epoch + 1, 0
     trainer.finish()
     return history.merged()
+
+
+def optimizer_record(optimizer) -> dict:
+    """What a run's saves must match of its optimizer: the class and the learning rate as
+    compiled (a number, to 6 digits, or a schedule's class and settings). Restoring a save
+    restores its rate, so a run resumed with another would keep the old one silently."""
+    if optimizer is None:
+        return {}
+    rate = optimizer.get_config().get("learning_rate")
+    if isinstance(rate, dict):  # a schedule, serialized: the parts every Keras writes
+        rate = {k: rate[k] for k in ("class_name", "config") if k in rate}
+    elif rate is not None:
+        rate = float(f"{float(rate):.6g}")
+    return {"optimizer": type(optimizer).__name__, "learning_rate": rate}
+
+
+def check_finite(loss: float | None, epoch: int, step: int) -> None:
+    """Refuse to go on (and so to save) once the epoch's loss is NaN or infinite."""
+    import math
+
+    if loss is None or math.isfinite(loss):
+        return
+    raise TrainingDivergedError(
+        f"the loss is {loss} in epoch {epoch + 1} by step {step}: training diverged, and"
+        " nothing was saved after the last save of a finite loss. Fix: run again into a new"
+        " output folder with a lower learning rate (a tenth), float32 instead of"
+        " mixed_bfloat16, or an optimizer with gradient clipping (clipnorm=1.0)."
+    )
 
 
 def predict_classes(model, batches, strategy=None):

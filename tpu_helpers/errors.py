@@ -11,6 +11,8 @@ class                        condition                                     defin
                              or optimizer, or none can be read
 ``EngineError``              an engine cannot run here as asked            here
                              (backend, devices, family)
+``TrainingDivergedError``    the loss is no longer a number: nothing more  here
+                             is saved over the run's last good save
 ``TPUConnectionError``       no TPU could be resolved                      ``strategy``
 ``RecordsError``             shards and their metadata disagree            ``records``
 ``XlaUnavailableError``      compiled steps cannot run in this process     ``xla``
@@ -26,6 +28,7 @@ __all__ = [
     "CheckpointFormatError",
     "CheckpointMismatchError",
     "EngineError",
+    "TrainingDivergedError",
     "InstallError",
 ]
 
@@ -45,6 +48,11 @@ class CheckpointMismatchError(TpuHelpersError, RuntimeError):
 
 class EngineError(TpuHelpersError, RuntimeError):
     """An engine cannot run here as asked (backend, devices, family)."""
+
+
+class TrainingDivergedError(TpuHelpersError, ArithmeticError):
+    """The training loss became NaN or infinite (both engines' ``fit_resumable``): the
+    run stops before saving, so its saves keep the last state of finite loss."""
 
 
 class InstallError(TpuHelpersError, RuntimeError):

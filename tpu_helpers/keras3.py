@@ -46,9 +46,9 @@ from tpu_helpers.checks import first_line
 from tpu_helpers.engine import fit_resumable, predict_classes
 from tpu_helpers.errors import CheckpointFormatError, CheckpointMismatchError, EngineError
 from tpu_helpers.families import FAMILIES, KERAS3, MLM, Head, MlmHead
-from tpu_helpers.hub import _resolve, find_weights
+from tpu_helpers.hub import HUB_OPTIONS, _resolve, find_weights
 from tpu_helpers.pipeline import require_batches
-from tpu_helpers.validate import check_positive
+from tpu_helpers.validate import check_learning_rate, check_positive
 
 __all__ = [
     "EngineError",
@@ -236,7 +236,16 @@ HEADS = {name: FAMILIES[name].keras3 for name in KERAS3}
 def checkpoint_folder(checkpoint: str, **options) -> tuple[Path, dict]:
     """The local folder of ``checkpoint`` (a folder, or a hub name fetched into the cache)
     and its ``config.json``, refused with the fix unless the engine can read it: PyTorch-
-    named safetensors of a family in ``HEADS``."""
+    named safetensors of a family in ``HEADS``. ``options`` are the hub's
+    (``hub.HUB_OPTIONS``); any other is refused, naming it."""
+    unknown = sorted(set(options) - set(HUB_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"{', '.join(unknown)}: not an option of the Keras 3 engine's loaders, which"
+            f" take num_labels, ignore_mismatched_sizes, seed, verbose and the hub's"
+            f" {', '.join(HUB_OPTIONS)}. Fix: check the spelling; class names are given"
+            " when saving: save_hub_layout(model, folder, id2label={0: 'neg', 1: 'pos'})."
+        )
     config_file = _resolve(str(checkpoint), "config.json", options)
     if not config_file:
         raise CheckpointFormatError(
@@ -514,6 +523,8 @@ def compile_masked_lm(model, learning_rate: float, *, steps_per_execution: int =
     the masked tokens only (the batches' weights: 1 where a token was masked), and the
     masked tokens' accuracy; AdamW unless ``optimizer`` is given."""
     keras = _keras()
+    if optimizer is None:
+        check_learning_rate(learning_rate)
     model.compile(
         optimizer=optimizer or keras.optimizers.AdamW(learning_rate),
         loss=keras.losses.SparseCategoricalCrossentropy(
@@ -643,6 +654,8 @@ def compile_classifier(
     ``packed_classifier`` (logits per slot) averages its loss over the weighted slots, as
     the TF engine's ``packing.packed_loss`` does: the count of examples varies by batch."""
     keras = _keras()
+    if optimizer is None:
+        check_learning_rate(learning_rate)
     per_slot = len(model.network.outputs[0].shape) == 3
     model.compile(
         optimizer=optimizer or keras.optimizers.Adam(learning_rate),
@@ -829,12 +842,15 @@ def save_hub_layout(
     tensors = _hub_tensors(source)
     names = write_hub_weights(tensors, folder, max_shard_bytes)
     if source.mlm is not None:  # a masked_lm: no labels
-        config = {**source.config, "architectures": [source.mlm.architecture]}
+        config = {**_float32_config(source.config), "architectures": [source.mlm.architecture]}
         (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         return [*names, "config.json", *_copy_preprocessing_files(source.folder, folder)]
     labels = int(source.layers[-1][1].units)
+    named = source.config.get("id2label") or {}
+    if len(named) != labels:  # a new head of another size: the checkpoint's names are not its
+        named = {}
     id2label = {int(k): v for k, v in (id2label or {}).items()} or {
-        i: (source.config.get("id2label") or {}).get(str(i), f"LABEL_{i}") for i in range(labels)
+        i: named.get(str(i), f"LABEL_{i}") for i in range(labels)
     }
     if sorted(id2label) != list(range(labels)):
         raise ValueError(
@@ -842,7 +858,7 @@ def save_hub_layout(
             f" Fix: {{0: 'negative', 1: 'positive'}} for two classes."
         )
     config = {
-        **source.config,
+        **_float32_config(source.config),
         "architectures": [source.head.architecture],
         "id2label": {str(i): name for i, name in sorted(id2label.items())},
         "label2id": {name: i for i, name in sorted(id2label.items())},
@@ -867,7 +883,7 @@ def _hub_tensors(source: HubSource) -> dict:
         original = reader.get_tensor(full) if full in reader.where else None
         tensors[full] = _unconvert(value, hook, original, full)
     for full in sorted(reader.read - set(tensors)):  # read, not trained: token types
-        tensors[full] = reader.get_tensor(full)
+        tensors[full] = _as_float32(reader.get_tensor(full))
     for name, layer in source.layers:
         weights = [np.asarray(w, np.float32) for w in layer.get_weights()]
         if len(weights) == 1:  # the masked-LM head's bias per token: named in full
@@ -877,6 +893,18 @@ def _hub_tensors(source: HubSource) -> dict:
         tensors[f"{name}.weight"] = np.ascontiguousarray(kernel.T)  # PyTorch: [out, in]
         tensors[f"{name}.bias"] = bias
     return tensors
+
+
+def _float32_config(config: dict) -> dict:
+    """``config`` saying float32 where it names a dtype (transformers 4's ``torch_dtype``,
+    5's ``dtype``): the weights written are float32, whatever the checkpoint read held."""
+    return {**config, **{k: "float32" for k in ("torch_dtype", "dtype") if config.get(k)}}
+
+
+def _as_float32(array: np.ndarray) -> np.ndarray:
+    """A floating tensor in float32 (what the engine trains and saves), others as they are."""
+    floating = array.dtype.name.startswith(("float", "bfloat"))  # bfloat16: ml_dtypes'
+    return array.astype(np.float32) if floating else array
 
 
 def _prefix(reader: _Reader) -> str:
@@ -907,9 +935,11 @@ def _unconvert(value: np.ndarray, hook, original, name: str) -> np.ndarray:
         whole = original is not None or flat.size == positions.size
         if not (exact and whole):
             break
-        out = (original.copy() if original is not None else np.zeros(shape, value.dtype)).reshape(
-            -1
-        )
+        # float32 throughout: a bfloat16 or float16 checkpoint's own dtype would round away
+        # the fine-tuning of every weight written back through it
+        out = (
+            original.astype(value.dtype) if original is not None else np.zeros(shape, value.dtype)
+        ).reshape(-1)
         out[flat.astype(np.int64)] = value.reshape(-1)
         return out.reshape(shape).astype(value.dtype)
     raise EngineError(
@@ -1136,7 +1166,7 @@ class JaxTrainer:
         self.first_epoch, self.compiled = point.epoch, sum(self.steps.compiles.values())
         return point.epoch, point.step
 
-    def train_epoch(self, train, validation, epoch, first, after_call, callbacks) -> dict:
+    def train_epoch(self, train, validation, epoch, first, after_call, callbacks) -> tuple:
         import keras
 
         steps, per_epoch = self.steps, self.steps_per_epoch(train)
@@ -1178,7 +1208,11 @@ class JaxTrainer:
                 f" {shown}; compiled"
                 f" {report.new_compiles} new step(s), {total} in all"
             )
-        return logs
+        return logs, report.steps
+
+    def loss(self) -> float | None:
+        """The epoch's mean loss so far (from the state's metrics: read from the devices)."""
+        return self.steps.results(self.state[3]).get("loss")
 
     def save(self, epoch: int, step: int) -> None:
         values = self.steps.saved_values(self.state) if self.writer else None

@@ -157,6 +157,14 @@ def tokenize(
     A missing (``None``) text raises ``ValueError`` with its row.
     """
     columns = [text_column] + ([text_pair_column] if text_pair_column else [])
+    names = getattr(dataset, "column_names", None)
+    missing = [c for c in columns if names is not None and c not in names]
+    if missing:
+        raise ValueError(
+            f"The data has no column {missing[0]!r} to tokenize; its columns are {names}."
+            " Fix: text_column= (and text_pair_column= for pairs) naming the text columns,"
+            " e.g. text_column='text' for IMDb-like data."
+        )
     types = bool(text_pair_column) and "token_type_ids" in tokenizer.model_input_names
 
     def encode(batch, rows):

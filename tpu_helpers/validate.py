@@ -16,6 +16,7 @@ import numpy as np
 __all__ = [
     "INT32",
     "check_positive",
+    "check_learning_rate",
     "check_same_length",
     "check_token_counts",
     "check_present",
@@ -42,6 +43,28 @@ def check_positive(**counts) -> None:
                 f"{name}={value!r} must be a positive integer. Fix: pass a whole number of 1"
                 " or more."
             )
+
+
+def check_learning_rate(learning_rate) -> None:
+    """``ValueError`` unless ``learning_rate`` is a finite number above 0 (a schedule, any
+    object with a ``__call__``, is the optimizer's to check).
+
+    >>> check_learning_rate(-1e-3)
+    Traceback (most recent call last):
+    ...
+    ValueError: learning_rate=-0.001 must be a number above 0 (a negative or zero rate climbs the loss or stands still). Fix: 3e-5 to fine-tune a base checkpoint, 1e-3 for a tiny one trained from scratch.
+    """
+    if callable(learning_rate):
+        return
+    number = isinstance(learning_rate, (int, float, np.number)) and not isinstance(
+        learning_rate, bool
+    )
+    if not (number and np.isfinite(learning_rate) and learning_rate > 0):
+        raise ValueError(
+            f"learning_rate={learning_rate!r} must be a number above 0 (a negative or zero"
+            " rate climbs the loss or stands still). Fix: 3e-5 to fine-tune a base"
+            " checkpoint, 1e-3 for a tiny one trained from scratch."
+        )
 
 
 def check_same_length(**columns) -> int:
