@@ -111,10 +111,18 @@ def test_a_run_killed_again_and_again_resumes_to_the_weights_of_one_that_never_s
     out = kill_chain(tmp_path, uninterrupted, 13)
     assert "EPOCHS IN HISTORY 3" in out  # the epochs of the killed processes are kept
     # what the checkpoints belong to: the plan's steps, global batch and order of batches,
-    # recorded by fit_resumable itself, and the worker's own entry
+    # the optimizer and its schedule, recorded by fit_resumable itself, and the worker's own
     recorded = json.loads((tmp_path / "run-ckpt" / "run.json").read_text())
     order = {"group_widths": 1, "seed": 0, "shuffle": True}
-    assert recorded == {"data": "memory", "global_batch": 8, "steps_per_epoch": 13, "order": order}
+    schedule = recorded.pop("learning_rate")
+    assert recorded == {
+        "data": "memory",
+        "global_batch": 8,
+        "steps_per_epoch": 13,
+        "order": order,
+        "optimizer": "Adam",
+    }
+    assert schedule["class_name"] == "PolynomialDecay" and schedule["config"]["decay_steps"] == 39
 
 
 @pytest.mark.parametrize(

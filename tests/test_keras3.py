@@ -453,6 +453,39 @@ def test_a_new_head_is_saved_with_names_of_its_own_and_a_half_precision_checkpoi
     assert written["torch_dtype"] == "float32"
 
 
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_an_encoder_saved_without_its_model_prefix_loads_and_is_saved_with_it(
+    fixtures_dir, family, tmp_path
+):
+    """A base model saved alone (``AutoModel``; sentence-transformers' checkpoints) names
+    its tensors without ``bert.``, as transformers' classifiers load it too."""
+    from safetensors.numpy import load_file, save_file
+
+    source = fixtures_dir / "engines" / family
+    prefix = keras3.HEADS[family].prefix + "."
+    bare = _copy(source, tmp_path / "bare")
+    tensors = {}
+    for shard in sorted(bare.glob("model*.safetensors")):  # one file or shards: one file
+        tensors.update(load_file(shard))
+        shard.unlink()
+    (bare / "model.safetensors.index.json").unlink(missing_ok=True)
+    encoder = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+    save_file(encoder, bare / "model.safetensors", metadata={"format": "pt"})
+    features, _ = reference(fixtures_dir, family)
+    ours = keras3.classifier(bare, num_labels=2, verbose=False)
+    whole = keras3.classifier(source, num_labels=2, ignore_mismatched_sizes=True, verbose=False)
+    expected = np.asarray(whole(features, training=False))
+    np.testing.assert_array_equal(np.asarray(ours(features, training=False)), expected)
+    keras3.save_hub_layout(ours, tmp_path / "saved")
+    saved = load_file(tmp_path / "saved" / "model.safetensors")
+    assert set(saved) <= set(tensors) and any(k.startswith(prefix) for k in saved)
+    assert {k for k in saved if not k.startswith(prefix)} == {  # the new head alone
+        k for k in tensors if not k.startswith(prefix) and k in saved
+    }
+    again = keras3.classifier(tmp_path / "saved", verbose=False)
+    np.testing.assert_allclose(np.asarray(again(features, training=False)), expected, atol=1e-6)
+
+
 def test_a_misspelt_option_or_a_rate_that_cannot_train_is_refused_naming_it(fixtures_dir):
     with pytest.raises(TypeError, match="num_label: not an option .* Fix"):
         keras3.classifier(fixtures_dir / "tiny-distilbert", num_label=5, verbose=False)
@@ -936,6 +969,23 @@ def test_labels_and_token_ids_the_model_has_no_row_for_are_refused_before_any_st
             keras3.fit_resumable(model, batches(**bad), 1, str(tmp_path / str(i)))
         assert not (tmp_path / str(i)).exists()  # refused before the first save
     assert keras3.fit_resumable(model, batches(label=1), 1, str(tmp_path / "ok"), verbose=0)
+
+
+def test_class_ids_of_in_memory_arrays_are_checked_against_the_head_before_any_step(
+    fixtures_dir, tmp_path
+):
+    from tpu_helpers.pipeline import from_arrays
+
+    features, _ = reference(fixtures_dir, "distilbert")
+    model = keras3.classifier(fixtures_dir / "engines" / "distilbert", verbose=False)
+    keras3.compile_classifier(model, 1e-3)
+    rows = {k: v[:8] for k, v in features.items()}
+    seven = from_arrays(rows, np.full(8, 7), global_batch=8)
+    with pytest.raises(ValueError, match="class label 7, but the model has 3 outputs.*Fix"):
+        keras3.fit_resumable(model, seven, 1, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="label -1 at row 2"):
+        from_arrays(rows, [0, 1, -1, 0, 1, 2, 0, 1], global_batch=8)
 
 
 @pytest.mark.parametrize("kind", ["truncated", "missing shard"])

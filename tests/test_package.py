@@ -5,6 +5,8 @@ import importlib
 import inspect
 import pkgutil
 
+import pytest
+
 import tpu_helpers
 from tpu_helpers.errors import TpuHelpersError
 
@@ -33,6 +35,17 @@ def test_the_family_facts_come_from_one_table():
     assert not {"bert", "distilbert", "albert", "electra"} & families.OFFSET_POSITIONS
     for name in families.KERAS3:  # each head the Keras 3 engine builds names its class
         assert families.FAMILIES[name].keras3.architecture.endswith("Classification")
+
+
+def test_each_heads_model_prefix_is_the_one_transformers_names_its_encoder_by():
+    transformers = pytest.importorskip("transformers")
+    from tpu_helpers import families
+
+    if not hasattr(transformers, "TFBertModel"):
+        pytest.skip("this transformers has no TF classes (they say the prefix without torch)")
+    for name in families.KERAS3:
+        head = families.FAMILIES[name].keras3
+        assert getattr(transformers, f"TF{head.architecture}").base_model_prefix == head.prefix
 
 
 def test_one_training_loop_and_one_prediction_serve_both_engines():

@@ -59,6 +59,8 @@ class Head:
             (``save_hub_layout`` writes it into ``config.json``).
         folded: the position embeddings hold the token-type row 0 (ours or the
             converter's fold): taken out again when saving in the hub's layout.
+        prefix: the model prefix of the encoder's names in ``architecture``'s checkpoints
+            (transformers' ``base_model_prefix``): a base model saved alone lacks it.
     """
 
     take: str
@@ -69,6 +71,7 @@ class Head:
     fold_token_type: bool = False
     architecture: str = ""
     folded: bool = False
+    prefix: str = ""
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,7 @@ _HEADS = {
         ("pooler.",),
         (("dropout", "hidden_dropout_prob"),),
         architecture="BertForSequenceClassification",
+        prefix="bert",
     ),
     "albert": Head(
         "pooled",
@@ -170,6 +174,7 @@ _HEADS = {
         _PAIRS,
         ("pooler.",),
         architecture="AlbertForSequenceClassification",
+        prefix="albert",
     ),
     "distilbert": Head(
         "first",
@@ -180,6 +185,7 @@ _HEADS = {
         ),
         _TEXT,
         architecture="DistilBertForSequenceClassification",
+        prefix="distilbert",
     ),
     "roberta": Head(
         "first",
@@ -187,6 +193,7 @@ _HEADS = {
         _TEXT,
         fold_token_type=True,
         architecture="RobertaForSequenceClassification",
+        prefix="roberta",
         folded=True,
     ),
     "xlm-roberta": Head(
@@ -196,6 +203,7 @@ _HEADS = {
         (),
         (("dropout", "hidden_dropout_prob"),),
         architecture="XLMRobertaForSequenceClassification",
+        prefix="roberta",
         folded=True,
     ),
     "vit": Head(
@@ -204,6 +212,7 @@ _HEADS = {
         {"pixel_values": "images"},
         backbone=(("layer_norm_epsilon", "layer_norm_eps"),),
         architecture="ViTForImageClassification",
+        prefix="vit",
     ),
 }
 

@@ -272,10 +272,12 @@ def checkpoint_folder(checkpoint: str, **options) -> tuple[Path, dict]:
 
 class _Reader:
     """The checkpoint's tensors by name, for KerasHub's converters (their ``loader``) and
-    for the head: a name may be given without the model prefix (``bert.``); every name
-    read is kept, and a missing one of ``optional`` is skipped and kept apart."""
+    for the head: a name may be given without the model prefix (``bert.``), or with the
+    family's ``prefix`` where the file's names lack it (a base model saved alone, as
+    sentence-transformers' are, which transformers also loads); every name read is kept,
+    and a missing one of ``optional`` is skipped and kept apart."""
 
-    def __init__(self, folder: Path, optional: tuple = ()):
+    def __init__(self, folder: Path, optional: tuple = (), prefix: str = ""):
         from tpu_helpers.hub import open_safetensors
 
         index = folder / "model.safetensors.index.json"
@@ -285,6 +287,8 @@ class _Reader:
             with open_safetensors(folder / "model.safetensors") as archive:
                 where = dict.fromkeys(archive.keys(), "model.safetensors")
         self.folder, self.where, self.optional = folder, where, optional
+        # the file's names lack the family's prefix: a name asked with it is read without
+        self.unprefixed = f"{prefix}." if prefix and not _under(where, prefix) else ""
         self.read, self.skipped, self._open = set(), [], {}
         self.ported: list[tuple] = []  # (variable, name asked for, hook_fn), in order
 
@@ -292,7 +296,10 @@ class _Reader:
         if name in self.where:
             return name
         found = sorted((k for k in self.where if k.endswith("." + name)), key=len)
-        return found[0] if found else None
+        if found:
+            return found[0]
+        bare = name.removeprefix(self.unprefixed) if self.unprefixed else None
+        return bare if bare in self.where else None
 
     def _full(self, name: str) -> str:
         full = self.find(name)
@@ -336,6 +343,10 @@ class _Reader:
 
     def unread(self) -> list[str]:
         return sorted(set(self.where) - self.read)
+
+
+def _under(names, prefix: str) -> bool:
+    return any(name.startswith(f"{prefix}.") for name in names)
 
 
 def _compute_as_configured(keras, backbone, config: dict) -> None:
@@ -551,7 +562,7 @@ def _backbone(keras, folder: Path, config: dict, head: Head):
         ) from error
     settings = {arg: config[field] for arg, field in head.backbone if field in config}
     backbone = keras_hub.models.Backbone.from_preset(str(folder), load_weights=False, **settings)
-    reader = _Reader(folder, head.optional)
+    reader = _Reader(folder, head.optional, head.prefix)
     hub_converter(folder, config).convert_weights(backbone, reader, config)
     _compute_as_configured(keras, backbone, config)
     if head.fold_token_type and reader.find("embeddings.token_type_embeddings.weight"):
@@ -881,9 +892,9 @@ def _hub_tensors(source: HubSource) -> dict:
         if type_row is not None and full.endswith("embeddings.position_embeddings.weight"):
             value = value - type_row
         original = reader.get_tensor(full) if full in reader.where else None
-        tensors[full] = _unconvert(value, hook, original, full)
-    for full in sorted(reader.read - set(tensors)):  # read, not trained: token types
-        tensors[full] = _as_float32(reader.get_tensor(full))
+        tensors[_hub_name(reader, full)] = _unconvert(value, hook, original, full)
+    for full in sorted(reader.read - set(reader.find(n) for _, n, _ in reader.ported)):
+        tensors[_hub_name(reader, full)] = _as_float32(reader.get_tensor(full))  # token types
     for name, layer in source.layers:
         weights = [np.asarray(w, np.float32) for w in layer.get_weights()]
         if len(weights) == 1:  # the masked-LM head's bias per token: named in full
@@ -893,6 +904,13 @@ def _hub_tensors(source: HubSource) -> dict:
         tensors[f"{name}.weight"] = np.ascontiguousarray(kernel.T)  # PyTorch: [out, in]
         tensors[f"{name}.bias"] = bias
     return tensors
+
+
+def _hub_name(reader: _Reader, full: str) -> str:
+    """The name a classifier of the hub gives the file's tensor ``full``: with the model
+    prefix the file's names lacked, if they did (transformers would otherwise take the
+    saved classifier for a base model and drop its head)."""
+    return reader.unprefixed + full if reader.unprefixed and full in reader.where else full
 
 
 def _float32_config(config: dict) -> dict:

@@ -496,8 +496,12 @@ def from_arrays(
     name: str = "arrays",
 ) -> Batches:
     """``Batches`` of in-memory arrays (one row per example): each epoch shuffled by
-    ``rng(seed, epoch)``, the last batch completed with weight-0 copies, nothing dropped."""
+    ``rng(seed, epoch)``, the last batch completed with weight-0 copies, nothing dropped.
+    Labels of whole numbers, one per row, are class ids: a negative one is refused here,
+    one the model has no output for by ``check_model`` (before any step of an engine)."""
     import tensorflow as tf
+
+    from tpu_helpers.validate import check_labels
 
     features = {k: np.asarray(v) for k, v in features.items()}
     labels = np.asarray(labels)
@@ -508,6 +512,8 @@ def from_arrays(
             " Fix: one label per row, and at least one row."
         )
     steps = -(-n // global_batch)
+    classes = labels.ndim == 1 and labels.dtype.kind in "iu"  # not one-hot, not regression
+    max_label = int(check_labels(labels, column=f"{name} labels").max()) if classes else None
 
     def build(epoch, skip_steps, input_context):
         order = rng(seed, epoch).permutation(n) if shuffle else np.arange(n)
@@ -520,4 +526,4 @@ def from_arrays(
         )
         return ds.batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
-    return Batches(build, steps, global_batch, n, name=name)
+    return Batches(build, steps, global_batch, n, name=name, max_label=max_label)
