@@ -230,3 +230,19 @@ def test_a_broken_download_is_named_with_the_fix(broken_checkpoints, kind):
     folder = broken_checkpoints[kind]
     with pytest.raises(CheckpointFormatError, match=r"model.*safetensors.*Fix: download the"):
         hub.from_pretrained(TFAutoModelForSequenceClassification, str(folder), num_labels=2)
+
+
+def test_a_path_that_is_no_folder_here_is_named_with_the_working_directory(
+    fixtures_dir, tmp_path, monkeypatch
+):
+    from tpu_helpers.errors import CheckpointFormatError
+
+    monkeypatch.chdir(tmp_path)
+    for given in ("outputs/01_cola/model", "./model", str(tmp_path / "nothing"), "~/nothing/x"):
+        with pytest.raises(CheckpointFormatError, match=f"not a folder here .*{tmp_path}.*Fix"):
+            hub.load_tokenizer(given)
+        with pytest.raises(CheckpointFormatError, match="not a folder here"):
+            hub.find_weights(given)
+    shutil.copytree(fixtures_dir / "tiny-distilbert", tmp_path / "outputs" / "model")
+    assert hub.load_tokenizer("./outputs/model")("a b").input_ids  # a relative folder there
+    assert hub.find_weights("outputs/model").layout == "pytorch-safetensors"

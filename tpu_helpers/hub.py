@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ from tpu_helpers.errors import CheckpointFormatError
 
 __all__ = [
     "CheckpointFormatError",
+    "check_folder_exists",
     "Weights",
     "find_weights",
     "float32_outputs",
@@ -81,9 +83,26 @@ def _hub_options(kwargs: dict) -> dict:
     return {k: kwargs[k] for k in HUB_OPTIONS if k in kwargs}
 
 
+def check_folder_exists(checkpoint) -> None:
+    """Refuse a checkpoint written as a path (``/``, ``./``, ``~``, or more than one ``/``:
+    no hub name has two) that is no folder here, naming the working directory a relative
+    path is read from: transformers would call it a malformed hub name."""
+    name = str(checkpoint)
+    path_like = name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
+    if "://" in name or not path_like or Path(name).expanduser().is_dir():
+        return
+    raise CheckpointFormatError(
+        f"{name!r} is not a folder here (a relative path is read from {os.getcwd()}), and a"
+        " hub name is 'name' or 'owner/name'. Fix: the folder's absolute path, or the"
+        " model's name as its hub page spells it."
+    )
+
+
 def _resolve(checkpoint: str, filename: str, options: dict) -> str | None:
     """The local path of ``filename`` in a folder or hub repository, or None if it has none."""
     from transformers.utils import cached_file
+
+    check_folder_exists(checkpoint)
 
     return cached_file(
         checkpoint,
@@ -391,6 +410,7 @@ def load_tokenizer(checkpoint, **kwargs):
     from transformers import AutoConfig, AutoTokenizer
 
     checkpoint = str(checkpoint)
+    check_folder_exists(checkpoint)
     try:  # a tokenizer alone (no config.json) is a tokenizer still
         config = AutoConfig.from_pretrained(checkpoint, **_hub_options(kwargs))
     except (OSError, ValueError):
