@@ -236,7 +236,7 @@ def test_checkpoints_of_another_global_batch_are_refused(tmp_path):
         fit_resumable(model(), eight, 2, str(tmp_path), log=said.append, verbose=0)
 
 
-def _tiny_tf_run(rate=1e-3, loss="mse"):
+def _tiny_tf_run(rate=1e-3, loss="mse", steps_per_execution=1):
     """A two-weight tf-keras model compiled with Adam(``rate``), and 8 rows in batches of 4."""
     import tensorflow as tf
 
@@ -244,7 +244,7 @@ def _tiny_tf_run(rate=1e-3, loss="mse"):
 
     x = tf.keras.Input((4,), name="x")
     model = tf.keras.Model({"x": x}, tf.keras.layers.Dense(2)(x))
-    model.compile(tf.keras.optimizers.Adam(rate), loss)
+    model.compile(tf.keras.optimizers.Adam(rate), loss, steps_per_execution=steps_per_execution)
     features = {"x": np.arange(32.0).reshape(8, 4)}
     return model, pipeline.from_arrays(features, np.zeros((8, 2), np.float32), global_batch=4)
 
@@ -255,8 +255,40 @@ def test_a_run_resumed_with_another_learning_rate_is_refused_naming_both(tmp_pat
     model, four = _tiny_tf_run(1e-3)
     fit_resumable(model, four, 1, str(tmp_path), log=lambda _: None, verbose=0)
     model, four = _tiny_tf_run(5e-5)
-    with pytest.raises(CheckpointMismatchError, match="learning_rate was 0.001 there and is 5e-05"):
-        fit_resumable(model, four, 2, str(tmp_path), log=lambda _: None, verbose=0)
+    for run in (None, {"learning_rate": 0.001}):  # not the caller's to override
+        with pytest.raises(
+            CheckpointMismatchError, match=r"another learning rate \(was 0.001 there, is 5e-05"
+        ):
+            fit_resumable(model, four, 2, str(tmp_path), run=run, log=lambda _: None, verbose=0)
+    # a rate a callback changed is the run's own: the same session goes on training
+    import tensorflow as tf
+
+    model, four = _tiny_tf_run(1e-3)
+    halve = tf.keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate / 2)
+    fit_resumable(model, four, 2, str(tmp_path / "b"), callbacks=[halve], verbose=0)
+    assert len(fit_resumable(model, four, 3, str(tmp_path / "b"), verbose=0)["loss"]) == 3
+
+
+def test_the_optimizer_record_names_a_schedules_change_and_sees_through_a_loss_scale():
+    import tensorflow as tf
+
+    from tpu_helpers.checkpoints import CheckpointMismatchError, check_same_run
+    from tpu_helpers.engine import optimizer_record
+
+    def cosine(steps):
+        schedule = tf.keras.optimizers.schedules.CosineDecay(1e-3, steps)
+        return optimizer_record(tf.keras.optimizers.Adam(schedule))
+
+    with pytest.raises(CheckpointMismatchError, match="decay_steps was 85 there, is 170 now.*Fix"):
+        check_same_run("run", cosine(85), cosine(170))
+    scaled = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.Adam(2e-5))
+    assert optimizer_record(scaled) == {"optimizer": "Adam", "learning_rate": 2e-05}
+
+    class Halving(tf.keras.optimizers.schedules.LearningRateSchedule):  # no get_config
+        def __call__(self, step):
+            return 1e-3 / (1.0 + tf.cast(step, tf.float32))
+
+    assert optimizer_record(tf.keras.optimizers.Adam(Halving()))["learning_rate"] == "Halving"
 
 
 def test_a_loss_that_is_no_longer_a_number_stops_the_run_before_it_saves(tmp_path):
@@ -289,16 +321,18 @@ def test_an_epoch_whose_data_ends_before_its_steps_is_refused_before_its_save(tm
     from tpu_helpers import pipeline
     from tpu_helpers.checkpoints import fit_resumable
 
-    model, _ = _tiny_tf_run()
     rows = tf.data.Dataset.from_tensor_slices(
         ({"x": np.ones((4, 4), np.float32)}, np.zeros((4, 2), np.float32), np.ones(4, np.float32))
     )
     three = pipeline.from_dataset_fn(
         lambda epoch, skip: rows.batch(4, drop_remainder=True), steps_per_epoch=3, global_batch=4
     )
-    with pytest.raises(ValueError, match="gave 1 batch.* in epoch 1 of fit_resumable.*3 step"):
-        fit_resumable(model, three, 1, str(tmp_path), log=lambda _: None, verbose=0)
-    assert not list(tmp_path.glob("ckpt-1*"))  # the step-0 save alone: no epoch end saved
+    for calls in (1, 4):  # steps_per_execution: the data ends inside a call of four
+        model, _ = _tiny_tf_run(steps_per_execution=calls)
+        folder = tmp_path / str(calls)
+        with pytest.raises(ValueError, match="gave 1 batch.* in epoch 1 of fit_resumable.*3 step"):
+            fit_resumable(model, three, 1, str(folder), log=lambda _: None, verbose=0)
+        assert not list(folder.glob("ckpt-1*"))  # the step-0 save alone: no epoch end saved
 
 
 def test_the_resume_pieces_of_a_plain_fit_loop(tmp_path):

@@ -246,3 +246,6 @@ def test_a_path_that_is_no_folder_here_is_named_with_the_working_directory(
     shutil.copytree(fixtures_dir / "tiny-distilbert", tmp_path / "outputs" / "model")
     assert hub.load_tokenizer("./outputs/model")("a b").input_ids  # a relative folder there
     assert hub.find_weights("outputs/model").layout == "pytorch-safetensors"
+    monkeypatch.setenv("HOME", str(tmp_path))  # a folder under ~, as a shell would expand it
+    assert hub.load_tokenizer("~/outputs/model")("a b").input_ids
+    assert hub.find_weights("~/outputs/model").files[0].startswith(str(tmp_path))

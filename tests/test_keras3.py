@@ -504,7 +504,7 @@ def test_a_run_resumed_with_another_learning_rate_is_refused_naming_both(fixture
         return keras3.compile_classifier(model, rate)
 
     keras3.fit_resumable(compiled(1e-3), train, 1, str(tmp_path), verbose=0)
-    with pytest.raises(CheckpointMismatchError, match="learning_rate was 0.001 there and is 5e-05"):
+    with pytest.raises(CheckpointMismatchError, match=r"learning rate \(was 0.001 there, is 5e-05"):
         keras3.fit_resumable(compiled(5e-5), train, 2, str(tmp_path), verbose=0)
     assert (
         len(keras3.fit_resumable(compiled(1e-3), train, 2, str(tmp_path), verbose=0)["loss"]) == 2

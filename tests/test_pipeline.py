@@ -311,3 +311,20 @@ def test_from_dataset_fn_wraps_your_own_pipeline(fixtures_dir, tmp_path):
         _compiled_classifier(fixtures_dir), mine, 2, str(tmp_path), verbose=0, log=lambda m: None
     )
     assert len(history["loss"]) == 2
+
+
+def test_whole_number_labels_of_arrays_are_class_ids_unless_the_head_has_one_output():
+    from types import SimpleNamespace
+
+    from tpu_helpers.pipeline import from_arrays
+
+    rows = {"x": np.zeros((4, 2), np.float32)}
+    ids = from_arrays(rows, [0, 3, 1, 2], global_batch=4)
+    assert ids.max_label == 3
+    ids.check_model(SimpleNamespace(num_labels=4))
+    with pytest.raises(ValueError, match="class label 3, but the model has 2 outputs.*Fix"):
+        ids.check_model(SimpleNamespace(num_labels=2))
+    ids.check_model(SimpleNamespace(num_labels=1))  # one output: a regression's targets
+    assert from_arrays(rows, np.eye(4, dtype=np.int64), global_batch=4).max_label is None
+    with pytest.raises(ValueError, match="label -1 at row 2"):
+        from_arrays(rows, [0, 1, -1, 0], global_batch=4)

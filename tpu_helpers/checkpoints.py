@@ -197,6 +197,13 @@ def check_same_run(directory: str, recorded: dict, now: dict) -> None:
                 " run started from to resume it, or pass a new folder to start afresh (the"
                 " old one is kept)."
             )
+        if recorded[key] != now[key] and key in ("optimizer", "learning_rate"):
+            raise CheckpointMismatchError(
+                f"{directory} holds the saves of a run with another {key.replace('_', ' ')}"
+                f" ({_difference(recorded[key], now[key])}): a resume would bring back the"
+                " saved one. Fix: compile as that run did to resume it, or pass a new folder to"
+                " train with this one (the old one is kept)."
+            )
         if recorded[key] != now[key]:
             raise CheckpointMismatchError(
                 f"{directory} holds the saves of another run: {key} was {recorded[key]!r}"
@@ -204,6 +211,17 @@ def check_same_run(directory: str, recorded: dict, now: dict) -> None:
                 f" not match). Fix: run with {key}={recorded[key]!r} to resume it, or pass a"
                 " new folder to start afresh (the old one is kept)."
             )
+
+
+def _difference(recorded, now) -> str:
+    """``was X there, is Y now``; of a schedule, only the settings that differ."""
+    if isinstance(recorded, dict) and isinstance(now, dict) and "config" in recorded:
+        if recorded.get("class_name") == now.get("class_name"):
+            was, is_ = recorded.get("config") or {}, now.get("config") or {}
+            keys = sorted(k for k in was.keys() | is_.keys() if was.get(k) != is_.get(k))
+            return ", ".join(f"{k} was {was.get(k)!r} there, is {is_.get(k)!r} now" for k in keys)
+        recorded, now = recorded.get("class_name"), now.get("class_name")
+    return f"was {recorded!r} there, is {now!r} now"
 
 
 def _saver(checkpoints: RunCheckpoints, every_steps: int | None, every_minutes: float | None):
@@ -309,7 +327,7 @@ class TfTrainer:
             self.save(0, 0)  # what a re-run after an early interrupt starts from
         return epoch, skip
 
-    def train_epoch(self, train, validation, epoch, first, after_call, callbacks) -> dict:
+    def train_epoch(self, train, validation, epoch, first, after_call, callbacks) -> tuple:
         import tensorflow as tf
 
         checkpoints, start, trainer = self.checkpoints, epoch * self.steps, self
@@ -324,21 +342,31 @@ class TfTrainer:
         if validation is not None:
             kwargs["validation_data"] = validation.distribute(self.strategy)
             kwargs["validation_steps"] = validation.steps_on(self.strategy)
-        fitted = self.model.fit(
-            train.distribute(self.strategy, epoch, skip_steps=first),
-            initial_epoch=epoch,
-            epochs=epoch + 1,
-            steps_per_epoch=self.steps - first,
-            callbacks=[*callbacks, AfterCall()],
-            **kwargs,
-        )
-        logs = {k: v[-1] for k, v in fitted.history.items()}
-        self.last_loss = logs.get("loss", self.last_loss)
         # the steps this fit ran: tf-keras counts them (reset by each fit); the optimizer's
         # counter also moves on the step that found the data ended
         counter = getattr(self.model, "_train_counter", None)
-        done = int(counter.numpy()) if counter is not None else checkpoints.step - start - first
-        return logs, done
+
+        def steps_run():
+            return int(counter.numpy()) if counter is not None else checkpoints.step - start - first
+
+        try:
+            fitted = self.model.fit(
+                train.distribute(self.strategy, epoch, skip_steps=first),
+                initial_epoch=epoch,
+                epochs=epoch + 1,
+                steps_per_epoch=self.steps - first,
+                callbacks=[*callbacks, AfterCall()],
+                **kwargs,
+            )
+        except ValueError as error:  # the data ended inside the first call of several steps
+            if "Empty logs" not in str(error):
+                raise
+            raise train.ran_out(
+                first + steps_run(), f"epoch {epoch + 1} of fit_resumable"
+            ) from error
+        logs = {k: v[-1] for k, v in fitted.history.items()}
+        self.last_loss = logs.get("loss", self.last_loss)
+        return logs, steps_run()
 
     def loss(self) -> float | None:
         """The epoch's mean loss so far (the last call's logs), or None before any."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import numbers
 import time
 from collections.abc import Callable, Iterable
 
@@ -205,8 +206,8 @@ def fit_resumable(
     run = {
         "steps_per_epoch": steps,
         "global_batch": train.global_batch,
-        **optimizer_record(getattr(model, "optimizer", None)),
         **(run or {}),
+        **optimizer_record(getattr(model, "optimizer", None)),  # not the caller's to change
     }
     if train.order:  # what decides which batches a resumed epoch skips
         run["order"] = train.order
@@ -244,16 +245,31 @@ def fit_resumable(
 
 def optimizer_record(optimizer) -> dict:
     """What a run's saves must match of its optimizer: the class and the learning rate as
-    compiled (a number, to 6 digits, or a schedule's class and settings). Restoring a save
-    restores its rate, so a run resumed with another would keep the old one silently."""
+    compiled (a number, to 6 digits, or a schedule's class and settings; the optimizer a
+    loss scale wraps). Restoring a save restores its rate, so a run resumed with another
+    would keep the old one silently. Read the first time an optimizer is trained here and
+    kept on it: a rate a callback changed since is the run's own, not another run's."""
     if optimizer is None:
         return {}
-    rate = optimizer.get_config().get("learning_rate")
+    kept = getattr(optimizer, "_tpu_helpers_record", None)  # JSON: a dict would be tracked
+    if kept is not None:
+        return json.loads(kept)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # mixed float16's loss scale
+    record = {"optimizer": type(inner).__name__}
+    try:
+        rate = inner.get_config().get("learning_rate")
+    except (NotImplementedError, TypeError):  # a schedule of one's own without get_config
+        rate = type(getattr(inner, "_learning_rate", None)).__name__
     if isinstance(rate, dict):  # a schedule, serialized: the parts every Keras writes
         rate = {k: rate[k] for k in ("class_name", "config") if k in rate}
-    elif rate is not None:
+    elif isinstance(rate, numbers.Real):  # NumPy's too
         rate = float(f"{float(rate):.6g}")
-    return {"optimizer": type(optimizer).__name__, "learning_rate": rate}
+    record["learning_rate"] = rate
+    try:
+        optimizer._tpu_helpers_record = json.dumps(record)
+    except AttributeError:  # an optimizer that takes no new attributes: read each time
+        pass
+    return record
 
 
 def check_finite(loss: float | None, epoch: int, step: int) -> None:

@@ -83,14 +83,17 @@ def _hub_options(kwargs: dict) -> dict:
     return {k: kwargs[k] for k in HUB_OPTIONS if k in kwargs}
 
 
-def check_folder_exists(checkpoint) -> None:
-    """Refuse a checkpoint written as a path (``/``, ``./``, ``~``, or more than one ``/``:
-    no hub name has two) that is no folder here, naming the working directory a relative
-    path is read from: transformers would call it a malformed hub name."""
+def check_folder_exists(checkpoint) -> str:
+    """``checkpoint`` as the loaders take it (``~`` expanded), or refused if written as a
+    path (``/``, ``./``, ``~``, or more than one ``/``: no hub name has two) that is no
+    folder here, naming the working directory a relative path is read from: transformers
+    would call it a malformed hub name."""
     name = str(checkpoint)
+    if name.startswith("~"):
+        name = str(Path(name).expanduser())
     path_like = name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
-    if "://" in name or not path_like or Path(name).expanduser().is_dir():
-        return
+    if "://" in name or not path_like or Path(name).is_dir():
+        return name
     raise CheckpointFormatError(
         f"{name!r} is not a folder here (a relative path is read from {os.getcwd()}), and a"
         " hub name is 'name' or 'owner/name'. Fix: the folder's absolute path, or the"
@@ -102,7 +105,7 @@ def _resolve(checkpoint: str, filename: str, options: dict) -> str | None:
     """The local path of ``filename`` in a folder or hub repository, or None if it has none."""
     from transformers.utils import cached_file
 
-    check_folder_exists(checkpoint)
+    checkpoint = check_folder_exists(checkpoint)
 
     return cached_file(
         checkpoint,
@@ -181,7 +184,7 @@ def find_weights(checkpoint: str, **options) -> Weights:
     metadata is taken to hold PyTorch names (what ``safetensors.torch`` writes by default).
     ``options``: ``revision``, ``cache_dir``, ``token``, ``subfolder``, ``local_files_only``.
     """
-    checkpoint = str(checkpoint)
+    checkpoint = check_folder_exists(checkpoint)
     for name, index in ((SAFETENSORS, SAFETENSORS_INDEX), (TF_H5, TF_H5_INDEX)):
         single = _resolve(checkpoint, name, options)
         listed = None if single else _resolve(checkpoint, index, options)
@@ -221,7 +224,7 @@ def from_pretrained(model_class, checkpoint, **kwargs):
     checkpoint with PyTorch pickles only, or whose weights do not fit ``model_class``'s
     encoder.
     """
-    checkpoint = str(checkpoint)
+    checkpoint = check_folder_exists(checkpoint)
     if kwargs.get("from_pt"):  # the caller has PyTorch and asks for its pickles
         return model_class.from_pretrained(checkpoint, **kwargs)
     kwargs.pop("use_safetensors", None)  # the files found decide it
@@ -409,8 +412,7 @@ def load_tokenizer(checkpoint, **kwargs):
     """
     from transformers import AutoConfig, AutoTokenizer
 
-    checkpoint = str(checkpoint)
-    check_folder_exists(checkpoint)
+    checkpoint = check_folder_exists(checkpoint)
     try:  # a tokenizer alone (no config.json) is a tokenizer still
         config = AutoConfig.from_pretrained(checkpoint, **_hub_options(kwargs))
     except (OSError, ValueError):

@@ -241,10 +241,11 @@ def checkpoint_folder(checkpoint: str, **options) -> tuple[Path, dict]:
     unknown = sorted(set(options) - set(HUB_OPTIONS))
     if unknown:
         raise TypeError(
-            f"{', '.join(unknown)}: not an option of the Keras 3 engine's loaders, which"
-            f" take num_labels, ignore_mismatched_sizes, seed, verbose and the hub's"
-            f" {', '.join(HUB_OPTIONS)}. Fix: check the spelling; class names are given"
-            " when saving: save_hub_layout(model, folder, id2label={0: 'neg', 1: 'pos'})."
+            f"{', '.join(unknown)}: not an option of the Keras 3 engine's loaders"
+            " (classifier takes num_labels, ignore_mismatched_sizes, seed and verbose,"
+            f" masked_lm seed and verbose, both the hub's {', '.join(HUB_OPTIONS)})."
+            " Fix: check the spelling; class names are given when saving:"
+            " save_hub_layout(model, folder, id2label={0: 'neg', 1: 'pos'})."
         )
     config_file = _resolve(str(checkpoint), "config.json", options)
     if not config_file:

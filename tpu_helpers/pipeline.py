@@ -302,7 +302,8 @@ class Batches:
         if model_config is None:
             return
         classes = getattr(model_config, "num_labels", None)
-        if self.max_label is not None and classes and self.max_label >= classes:
+        # one output is a regression (transformers' num_labels=1): its targets are no ids
+        if self.max_label is not None and classes and classes > 1 and self.max_label >= classes:
             raise ValueError(
                 f"{self.name} hold class label {self.max_label}, but the model has {classes}"
                 f" outputs (labels 0 to {classes - 1}). Fix: build the model with"
