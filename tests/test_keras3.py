@@ -537,6 +537,15 @@ def test_a_loss_that_is_no_longer_a_number_stops_the_run_before_it_saves(fixture
         assert np.isfinite(np.asarray(after.value)).all() and after.shape == before.shape
 
 
+def _compiled_with_eight_rows(fixtures_dir):
+    """The engines' DistilBERT (3 classes) compiled, its reference's first 8 rows, and the
+    reference."""
+    features, ref = reference(fixtures_dir, "distilbert")
+    model = keras3.classifier(fixtures_dir / "engines" / "distilbert", verbose=False)
+    keras3.compile_classifier(model, 1e-3)
+    return model, {k: v[:8] for k, v in features.items()}, ref
+
+
 def test_an_epoch_whose_data_ends_before_its_steps_is_refused_before_its_save(
     fixtures_dir, tmp_path
 ):
@@ -544,10 +553,7 @@ def test_an_epoch_whose_data_ends_before_its_steps_is_refused_before_its_save(
 
     from tpu_helpers.pipeline import from_dataset_fn
 
-    features, ref = reference(fixtures_dir, "distilbert")
-    model = keras3.classifier(fixtures_dir / "engines" / "distilbert", verbose=False)
-    keras3.compile_classifier(model, 1e-3)
-    rows = {k: v[:8] for k, v in features.items()}
+    model, rows, ref = _compiled_with_eight_rows(fixtures_dir)
     data = tf.data.Dataset.from_tensor_slices((rows, ref["labels"][:8], np.ones(8, "float32")))
     three = from_dataset_fn(
         lambda e, s: data.batch(8, drop_remainder=True), steps_per_epoch=3, global_batch=8
@@ -976,10 +982,7 @@ def test_class_ids_of_in_memory_arrays_are_checked_against_the_head_before_any_s
 ):
     from tpu_helpers.pipeline import from_arrays
 
-    features, _ = reference(fixtures_dir, "distilbert")
-    model = keras3.classifier(fixtures_dir / "engines" / "distilbert", verbose=False)
-    keras3.compile_classifier(model, 1e-3)
-    rows = {k: v[:8] for k, v in features.items()}
+    model, rows, _ = _compiled_with_eight_rows(fixtures_dir)
     seven = from_arrays(rows, np.full(8, 7), global_batch=8)
     with pytest.raises(ValueError, match="class label 7, but the model has 3 outputs.*Fix"):
         keras3.fit_resumable(model, seven, 1, str(tmp_path / "run"))
