@@ -203,17 +203,7 @@ def fit_resumable(
     for batches in (train, validation):  # positions, labels and ids the model has
         if batches is not None:
             batches.check_model(trainer.model_config())
-    run = {
-        "steps_per_epoch": steps,
-        "global_batch": train.global_batch,
-        **(run or {}),
-        **optimizer_record(getattr(model, "optimizer", None)),  # not the caller's to change
-    }
-    if train.order:  # what decides which batches a resumed epoch skips
-        run["order"] = train.order
-    source = trainer.source_fingerprint()
-    if source:  # a folder of another checkpoint's run is not resumed in its place
-        run.setdefault("checkpoint", source)
+    run = run_record(trainer, model, train, steps, run)
     epoch, first = trainer.open(directory, run, epochs)
     history = History(directory, write=trainer.writer)
     if epoch >= epochs:
@@ -241,6 +231,25 @@ def fit_resumable(
         epoch, first = epoch + 1, 0
     trainer.finish()
     return history.merged()
+
+
+def run_record(trainer, model, train, steps: int, given: dict | None) -> dict:
+    """What a folder's saves must match to be resumed: the steps per epoch, the global
+    batch, the caller's ``given`` entries, the optimizer (not the caller's to change), the
+    order of batches (which batches a resumed epoch skips) and the checkpoint loaded (a
+    folder of another checkpoint's run is not resumed in its place)."""
+    run = {
+        "steps_per_epoch": steps,
+        "global_batch": train.global_batch,
+        **(given or {}),
+        **optimizer_record(getattr(model, "optimizer", None)),
+    }
+    if train.order:
+        run["order"] = train.order
+    source = trainer.source_fingerprint()
+    if source:
+        run.setdefault("checkpoint", source)
+    return run
 
 
 def optimizer_record(optimizer) -> dict:
