@@ -1,5 +1,6 @@
 import json
 import tracemalloc
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -504,6 +505,15 @@ def test_values_that_would_read_back_wrong_are_refused(tmp_path):
         records.read_records(str(tmp_path / "three"), global_batch=2, num_labels=2)
     three_ok = records.read_records(str(tmp_path / "three"), global_batch=2, num_labels=3)
     assert three_ok.steps_per_epoch == 3
+    # without num_labels, the metadata's largest label and token id reach the engines'
+    # check of the model (inside a compiled step both are silent)
+    plain = records.read_records(str(tmp_path / "three"), global_batch=2)
+    assert (plain.max_label, plain.max_token_id) == (2, 2)
+    with pytest.raises(ValueError, match="hold class label 2, but the model has 2 outputs"):
+        plain.check_model(SimpleNamespace(num_labels=2, vocab_size=30))
+    with pytest.raises(ValueError, match="hold token id 2, but the.* model embeds 2 tokens"):
+        plain.check_model(SimpleNamespace(num_labels=3, vocab_size=2))
+    plain.check_model(SimpleNamespace(num_labels=3, vocab_size=3))
     with pytest.raises(ValueError, match="Fix: boundaries=\\[4, 8\\]"):
         records.read_records(str(tmp_path / "none"), global_batch=2, boundaries=[8, 4])
 

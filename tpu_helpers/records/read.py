@@ -179,11 +179,25 @@ def read_records(
         examples=source.num_records,
         max_width=max(widths) if widths else None,
         widths=tuple(sorted(set(widths))) or None,
+        max_label=_largest(source, label_column, scalar=True),
+        max_token_id=_largest(source, "input_ids"),
         name=f"records of {source.shards[0].path.rsplit('/', 1)[0]}",
         reads_per_host=True,
         steps_for=reading.steps_for,
         explain=reading.explain,
     )
+
+
+def _largest(source: RecordSource, name: str | None, scalar: bool = False) -> int | None:
+    """The largest value of integer feature ``name`` from the records' metadata (``None``
+    without metadata, or for a label that is no class id: a sequence of labels per record,
+    such as a masked LM's), for ``Batches.check_model``."""
+    feature = source.features.get(name) if name else None
+    if not feature or feature.get("dtype") != "int64" or "max" not in feature:
+        return None
+    if scalar and feature.get("shape") != []:
+        return None
+    return int(feature["max"])
 
 
 def _readable(source, spec, on_corrupt, label_column, num_labels, log) -> RecordSource:
