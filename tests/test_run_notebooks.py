@@ -54,12 +54,22 @@ def test_no_jobs_is_refused_with_the_fix(capsys):
     assert "--jobs 0: give 1 or more" in capsys.readouterr().err
 
 
-def test_set_overrides_every_runs_parameters_and_refuses_a_bad_item(capsys):
+def test_set_overrides_every_runs_parameters_and_refuses_a_bad_item(capsys, tmp_path, monkeypatch):
     items = ["simulated_replicas=8", "mixed_bfloat16=false", "output_dir=gs://b/run"]
     assert run_notebooks.parameter_overrides(items) == {
         "simulated_replicas": 8,
         "mixed_bfloat16": False,
         "output_dir": "gs://b/run",
+    }
+    # a relative path that exists from here is read from here, not from the notebook's folder
+    (tmp_path / "ckpt").mkdir()
+    monkeypatch.chdir(tmp_path)
+    paths = ["model_checkpoint=./ckpt", "data=ckpt/../ckpt", "hub=google/bert-tiny", "x=ckpt"]
+    assert run_notebooks.parameter_overrides(paths) == {
+        "model_checkpoint": str(tmp_path / "ckpt"),
+        "data": str(tmp_path / "ckpt"),
+        "hub": "google/bert-tiny",  # no such folder: a hub name
+        "x": "ckpt",  # no "/" nor "./": a name (a data set's, a config's) stays as given
     }
     with pytest.raises(SystemExit):
         run_notebooks.main(["--set", "simulated_replicas"])

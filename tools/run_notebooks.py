@@ -112,13 +112,20 @@ def at_replicas(parameters: dict, replicas: int, name: str = "the parameters") -
 
 
 def parameter_overrides(items: list[str]) -> dict:
-    """``--set NAME=VALUE`` items as parameters, each value read as YAML (``8``, ``false``)."""
+    """``--set NAME=VALUE`` items as parameters, each value read as YAML (``8``, ``false``).
+    A relative path that exists here (``build/fixtures/tiny-bert``, ``./data``) is made
+    absolute: a notebook runs in its own folder, and would read it from there."""
     overrides = {}
     for item in items:
         name, equals, value = item.partition("=")
         if not equals or not name.isidentifier():
             raise ValueError(f"--set {item!r}: give NAME=VALUE, e.g. --set simulated_replicas=8.")
-        overrides[name] = yaml.safe_load(value)
+        value = yaml.safe_load(value)
+        if isinstance(value, str) and ("/" in value or value.startswith(".")):
+            path = Path(value)
+            if not path.is_absolute() and "://" not in value and path.exists():
+                value = str(path.resolve())
+        overrides[name] = value
     return overrides
 
 
