@@ -217,8 +217,8 @@ def test_an_epoch_resumed_mid_way_gets_the_batches_of_the_uninterrupted_one(buck
     )
     first, second, again = ([y.numpy().tolist() for _, y, _ in one.dataset(e)] for e in (0, 1, 0))
     assert first != second and first == again
-    with pytest.raises(ValueError, match="skip_steps=6: an epoch of .* has 6 steps of 2 rows"):
-        plan.dataset(0, skip_steps=6)
+    with pytest.raises(ValueError, match="skip_steps=7: an epoch of .* has 6 steps of 2 rows"):
+        plan.dataset(0, skip_steps=7)
 
 
 def _broken_files():

@@ -140,8 +140,12 @@ def test_padding_and_widths_are_declared(builders):
 
 def test_skip_steps_and_epochs_outside_the_plan_are_refused(builders):
     batches = builders["text"]
-    with pytest.raises(ValueError, match=rf"skip 0 to {batches.steps_per_epoch - 1}\. Fix"):
-        batches.dataset(0, skip_steps=batches.steps_per_epoch)
+    steps = batches.steps_per_epoch
+    with pytest.raises(ValueError, match=rf"skip 0 to {steps - 1}\. Fix: resume with the global"):
+        batches.dataset(0, skip_steps=steps + 1)
+    # an epoch's last step is the next epoch's start, not another global batch
+    with pytest.raises(ValueError, match=r"is the end of epoch 3 .*Fix: go on at epoch 4, step 0"):
+        batches.dataset(3, skip_steps=steps)
     with pytest.raises(ValueError, match="epoch=-1 must be a whole number"):
         batches.dataset(-1)
     with pytest.raises(ValueError, match="planned for 2 epochs"):
@@ -225,7 +229,7 @@ def test_each_host_feeds_its_rows_of_every_step_and_every_example_is_read_once(b
     elif not name.startswith("masked"):  # masked records: the records' rows, masked per host
         assert _real_rows(parts[0] + parts[1]) == _real_rows(whole)
     with pytest.raises(ValueError, match="skip 0 to"):
-        batches.host_dataset(0, skip_steps=steps, hosts=2, host=1, devices=4)
+        batches.host_dataset(0, skip_steps=steps + 1, hosts=2, host=1, devices=4)
 
 
 def _compiled_classifier(fixtures_dir):

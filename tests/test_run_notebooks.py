@@ -65,9 +65,11 @@ def test_set_overrides_every_runs_parameters_and_refuses_a_bad_item(capsys, tmp_
     (tmp_path / "ckpt").mkdir()
     monkeypatch.chdir(tmp_path)
     paths = ["model_checkpoint=./ckpt", "data=ckpt/../ckpt", "hub=google/bert-tiny", "x=ckpt"]
+    paths.append("output_dir=./runs/new")  # not there yet, but a path: ./
     assert run_notebooks.parameter_overrides(paths) == {
         "model_checkpoint": str(tmp_path / "ckpt"),
         "data": str(tmp_path / "ckpt"),
+        "output_dir": str(tmp_path / "runs" / "new"),
         "hub": "google/bert-tiny",  # no such folder: a hub name
         "x": "ckpt",  # no "/" nor "./": a name (a data set's, a config's) stays as given
     }

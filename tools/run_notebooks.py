@@ -113,8 +113,9 @@ def at_replicas(parameters: dict, replicas: int, name: str = "the parameters") -
 
 def parameter_overrides(items: list[str]) -> dict:
     """``--set NAME=VALUE`` items as parameters, each value read as YAML (``8``, ``false``).
-    A relative path that exists here (``build/fixtures/tiny-bert``, ``./data``) is made
-    absolute: a notebook runs in its own folder, and would read it from there."""
+    A relative path is made absolute from here, where a notebook (run in its output folder)
+    would read it from there: one that starts with ``./`` or ``../`` (``./runs/a``), and one
+    that exists here (``build/fixtures/tiny-bert``; ``org/name`` that does not is a hub name)."""
     overrides = {}
     for item in items:
         name, equals, value = item.partition("=")
@@ -123,7 +124,8 @@ def parameter_overrides(items: list[str]) -> dict:
         value = yaml.safe_load(value)
         if isinstance(value, str) and ("/" in value or value.startswith(".")):
             path = Path(value)
-            if not path.is_absolute() and "://" not in value and path.exists():
+            local = value.startswith(("./", "../")) or path.exists()
+            if not path.is_absolute() and "://" not in value and local:
                 value = str(path.resolve())
         overrides[name] = value
     return overrides

@@ -177,6 +177,12 @@ class Batches:
         if not ok:
             raise ValueError(f"epoch={epoch!r} must be a whole number from 0. Fix: epoch=0.")
         ok = isinstance(skip_steps, int | np.integer) and not isinstance(skip_steps, bool)
+        if ok and skip_steps == steps:
+            raise ValueError(
+                f"skip_steps={skip_steps!r} is the end of epoch {epoch} of {self.name}, which"
+                f" has {steps} steps: nothing of it is left. Fix: go on at epoch {epoch + 1},"
+                " step 0 (a save at an epoch's last step names the next epoch's start)."
+            )
         if not ok or not 0 <= skip_steps < steps:
             raise ValueError(
                 f"skip_steps={skip_steps!r}: an epoch of {self.name} has"
