@@ -371,7 +371,9 @@ def test_packed_batches_use_every_example_once_at_one_shape():
     assert not np.array_equal(first, second)  # packed and ordered anew
     with pytest.raises(ValueError, match="epoch=2: the packing was planned for 2 epochs"):
         two.dataset(2)
-    with pytest.raises(ValueError, match=f"skip_steps={steps2}: an epoch of packed batches"):
+    with pytest.raises(ValueError, match=f"skip_steps={steps2 + 1}: an epoch of packed batches"):
+        two.dataset(1, skip_steps=steps2 + 1)
+    with pytest.raises(ValueError, match=f"skip_steps={steps2} is the end of epoch 1 of packed"):
         two.dataset(1, skip_steps=steps2)
 
 
