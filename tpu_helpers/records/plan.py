@@ -155,12 +155,24 @@ def check_for_reading(
             " (GLUE test splits use -1) trains to a NaN loss. Fix: write a labelled split,"
             " or leave out those rows before writing."
         )
-    if label and num_labels is not None and label.get("max", 0) >= num_labels:
+    largest = largest_value(source, label_column)
+    if largest is not None and num_labels is not None and largest >= num_labels:
         raise RecordsError(
-            f"Feature {label_column!r} holds label {label['max']}, and the model has"
-            f" {num_labels} labels (0 to {num_labels - 1}). Fix: num_labels={label['max'] + 1}"
+            f"Feature {label_column!r} holds label {largest}, and the model has"
+            f" {num_labels} labels (0 to {num_labels - 1}). Fix: num_labels={largest + 1}"
             " for the model (and its id2label), or check the records' label column."
         )
+
+
+def largest_value(source: RecordSource, name: str | None, scalar: bool = False) -> int | None:
+    """The largest value of integer feature ``name`` from the records' metadata; ``None``
+    without it (or, with ``scalar``, for a feature of several values per record)."""
+    feature = source.features.get(name) if name else None
+    if not feature or feature.get("dtype") != "int64" or "max" not in feature:
+        return None
+    if scalar and feature.get("shape") != []:
+        return None
+    return int(feature["max"])
 
 
 def check_hosts(source: RecordSource, pipelines: int, shared_filesystem: bool) -> None:

@@ -16,6 +16,7 @@ from tpu_helpers.records.plan import (
     ReadPlan,
     check_for_reading,
     check_hosts,
+    largest_value,
     length_key,
     plan_reads,
 )
@@ -146,8 +147,6 @@ def read_records(
     ``num_labels`` refuses records whose labels reach it before any step. Files without
     metadata are counted first (one read of every record), and ``log`` says so.
     """
-    from tpu_helpers.pipeline import Batches
-
     check_positive(global_batch=global_batch)
     source = _readable(source, spec, on_corrupt, label_column, num_labels, log)
     if boundaries is not None:
@@ -171,6 +170,13 @@ def read_records(
         global_batch,
         log,
     )
+    return _batches(source, one_host, reading, label_column, global_batch)
+
+
+def _batches(source: RecordSource, one_host, reading, label_column, global_batch: int) -> Batches:
+    """The ``Batches`` of a planned read: its steps and widths (``plan_reads``), and the
+    largest class label and token id of the records' metadata, which ``check_model``
+    holds against the model before any step."""
     widths = [w for w in one_host.widths if w]
     return Batches(
         reading.build,
@@ -179,25 +185,14 @@ def read_records(
         examples=source.num_records,
         max_width=max(widths) if widths else None,
         widths=tuple(sorted(set(widths))) or None,
-        max_label=_largest(source, label_column, scalar=True),
-        max_token_id=_largest(source, "input_ids"),
+        # a sequence of labels per record (a masked LM's) holds no class ids
+        max_label=largest_value(source, label_column, scalar=True),
+        max_token_id=largest_value(source, "input_ids"),
         name=f"records of {source.shards[0].path.rsplit('/', 1)[0]}",
         reads_per_host=True,
         steps_for=reading.steps_for,
         explain=reading.explain,
     )
-
-
-def _largest(source: RecordSource, name: str | None, scalar: bool = False) -> int | None:
-    """The largest value of integer feature ``name`` from the records' metadata (``None``
-    without metadata, or for a label that is no class id: a sequence of labels per record,
-    such as a masked LM's), for ``Batches.check_model``."""
-    feature = source.features.get(name) if name else None
-    if not feature or feature.get("dtype") != "int64" or "max" not in feature:
-        return None
-    if scalar and feature.get("shape") != []:
-        return None
-    return int(feature["max"])
 
 
 def _readable(source, spec, on_corrupt, label_column, num_labels, log) -> RecordSource:
