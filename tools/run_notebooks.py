@@ -112,23 +112,27 @@ def at_replicas(parameters: dict, replicas: int, name: str = "the parameters") -
 
 
 def parameter_overrides(items: list[str]) -> dict:
-    """``--set NAME=VALUE`` items as parameters, each value read as YAML (``8``, ``false``).
-    A relative path is made absolute from here, where a notebook (run in its output folder)
-    would read it from there: one that starts with ``./`` or ``../`` (``./runs/a``), and one
-    that exists here (``build/fixtures/tiny-bert``; ``org/name`` that does not is a hub name)."""
+    """``--set NAME=VALUE`` items as parameters, each value read as YAML (``8``, ``false``),
+    a relative path made absolute (``from_here``)."""
     overrides = {}
     for item in items:
         name, equals, value = item.partition("=")
         if not equals or not name.isidentifier():
             raise ValueError(f"--set {item!r}: give NAME=VALUE, e.g. --set simulated_replicas=8.")
-        value = yaml.safe_load(value)
-        if isinstance(value, str) and ("/" in value or value.startswith(".")):
-            path = Path(value)
-            local = value.startswith(("./", "../")) or path.exists()
-            if not path.is_absolute() and "://" not in value and local:
-                value = str(path.resolve())
-        overrides[name] = value
+        overrides[name] = from_here(yaml.safe_load(value))
     return overrides
+
+
+def from_here(value):
+    """``value`` as an absolute path when it is a relative path from where the command runs:
+    it starts with ``./`` or ``../`` (``./runs/a``), or it has a ``/`` and exists here
+    (``build/fixtures/tiny-bert``; an ``org/name`` that does not is a hub name). A notebook
+    runs in its output folder, and would read a relative path from there."""
+    if not isinstance(value, str) or "://" in value or Path(value).is_absolute():
+        return value
+    if value.startswith(("./", "../")) or ("/" in value and Path(value).exists()):
+        return str(Path(value).resolve())
+    return value
 
 
 @contextlib.contextmanager
