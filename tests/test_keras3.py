@@ -938,6 +938,35 @@ def test_two_hosts_read_their_own_shards_and_train_as_one_process(fixtures_dir, 
     _same_weights_and_history(tmp_path / "one", tmp_path / "two")
 
 
+def test_kerashubs_own_vit_classifier_differs_from_transformers_by_its_layer_norm(fixtures_dir):
+    """Notebook 04 trains KerasHub's ``ViTImageClassifier`` first, then ``keras3.classifier``,
+    and says how the two differ: KerasHub's ViT normalizes with an epsilon of 1e-6 where the
+    checkpoint's config (and transformers) says 1e-12. With the same head weights the stock
+    model misses transformers' logits by more than the engines' tolerance, and meets it
+    once its layer norms take the checkpoint's epsilon; ``keras3.classifier`` meets it as
+    loaded."""
+    features, ref = reference(fixtures_dir, "vit")
+    folder = fixtures_dir / "engines" / "vit"
+    config = json.loads((folder / "config.json").read_text())
+    ours = keras3.classifier(folder, verbose=False)
+    stock = keras_hub.models.ViTImageClassifier(
+        keras_hub.models.Backbone.from_preset(str(folder)), num_classes=ref["logits"].shape[-1]
+    )
+    stock.output_dense.set_weights(ours.hub_source.layers[-1][1].get_weights())
+    pixels = np.moveaxis(features["pixel_values"], 1, -1)  # KerasHub's ViT: channels last
+
+    def stock_gap():
+        gap = np.abs(np.asarray(stock(pixels, training=False)) - ref["logits"]).max()
+        return float(gap / max(1.0, np.abs(ref["logits"]).max()))
+
+    norms = [x for x in stock._flatten_layers() if isinstance(x, keras.layers.LayerNormalization)]
+    assert {n.epsilon for n in norms} == {1e-6} and config["layer_norm_eps"] == 1e-12
+    assert max_logit_gap(ours, features, ref["logits"]) < TOLERANCE < stock_gap()
+    for norm in norms:
+        norm.epsilon = config["layer_norm_eps"]
+    assert stock_gap() < TOLERANCE
+
+
 def test_image_preprocessing_is_read_without_pytorch(fixtures_dir, tmp_path):
     """On the Keras 3 stacks (no PyTorch, as on a TPU VM with JAX alone; transformers 5
     builds no image processor there) the image lessons still get the checkpoint's

@@ -378,9 +378,8 @@ def test_the_main_tracks_custom_loop_writes_its_step_in_jax():
     assert "fit_resumable(" not in code and "model.fit(" not in code
 
 
-#: The lessons of the main track (08 retrains three lessons of the seeds' track through the
-#: helpers, to show that engine; its own lessons replace it lesson by lesson).
-MAIN_LESSONS = [p for p in tracks.solutions(tracks.MAIN) if not p.name.startswith("08_")]
+#: The lessons of the main track.
+MAIN_LESSONS = tracks.solutions(tracks.MAIN)
 
 
 @pytest.mark.parametrize("path", MAIN_LESSONS, ids=tracks.repo_path)
@@ -390,3 +389,36 @@ def test_main_track_notebooks_show_the_libraries_they_teach(path):
     assert re.search(r"^import keras\b", code, re.M) and "keras." in code, path.name
     shown = [m for m in ("jax", "keras_hub") if re.search(rf"^import {m}\b", code, re.M)]
     assert any(f"{m}." in code for m in shown), path.name
+
+
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize(
+    "path", MAIN_LESSONS + [tracks.exercise_edition(p) for p in MAIN_LESSONS], ids=tracks.repo_path
+)
+def test_main_track_pages_link_only_main_track_notebooks(path):
+    """A learner who opened a main-track notebook from its Colab link stays on the main
+    track: every link to a notebook is to one of the main track's (the seeds' track is named
+    once, in the title cell, without a link)."""
+    main = {p.name for p in MAIN_LESSONS}
+    for index, cell in enumerate(load(path)["cells"]):
+        for target in MARKDOWN_LINK.findall(source(cell)):
+            if target.startswith("http") or not target.split("#")[0].endswith(".ipynb"):
+                continue
+            name = target.split("#")[0].removeprefix("../")
+            assert "/" not in name and name in main, (path.name, index, target)
+    title = source(load(path)["cells"][0])
+    assert "`notebooks/tf/`" in title, "the title cell says what the other track is"
+
+
+@pytest.mark.parametrize("path", MAIN_LESSONS, ids=tracks.repo_path)
+def test_main_track_sets_the_backend_on_the_page_before_keras_starts(path):
+    """`KERAS_BACKEND = "jax"` in the notebook's own code, before the first import of Keras
+    or JAX: a learner who retypes the setup gets Keras on JAX, not the TensorFlow backend
+    that tensorflow-cpu (installed for tf.data) would make the default."""
+    code = "\n".join(source(c) for c in load(path)["cells"] if c["cell_type"] == "code")
+    backend = code.find('os.environ["KERAS_BACKEND"] = "jax"')
+    first_import = re.search(r"^(import|from) (keras|jax)\b", code, re.M)
+    assert backend >= 0, path.name
+    assert first_import is None or backend < first_import.start(), path.name

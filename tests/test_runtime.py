@@ -266,6 +266,18 @@ def test_the_tpu_build_flag_for_datasets_waits_for_datasets(monkeypatch):
     assert config.TF_AVAILABLE is True and str(config.TF_VERSION) == "2.20.0"
 
 
+@pytest.mark.parametrize("tf_keras, flag", [("2.21.0", "1"), (None, None)])
+def test_the_legacy_keras_flag_is_set_only_where_tf_keras_is_installed(monkeypatch, tf_keras, flag):
+    """tf-keras present (the TF engine's stacks): ``TF_USE_LEGACY_KERAS=1``; absent (a Keras 3
+    runtime): no flag, which TensorFlow would answer with a warning to install tf_keras."""
+    monkeypatch.setattr(_env, "only_tpu_build", lambda: False)
+    monkeypatch.setattr(_env, "distribution_version", {"tf-keras": tf_keras}.get)
+    env = {}
+    changed = _env.prepare_environment(env)
+    assert env.get("TF_USE_LEGACY_KERAS") == flag
+    assert ("TF_USE_LEGACY_KERAS" in changed) == (flag is not None)
+
+
 # What Kaggle's TPU image ships (Kaggle/docker-python tpu/requirements.in), and Colab's.
 KAGGLE_TPU = {
     "tensorflow-cpu": "2.20.0",

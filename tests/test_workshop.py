@@ -331,6 +331,41 @@ def test_normalize_read_from_the_spec_alone():
     assert SPEC == before
 
 
+def test_normalize_channels_last_as_kerashubs_vit_takes_them():
+    """The main track's exercise keeps the images' layout (KerasHub's ViT takes channels
+    last) and runs in tf.data: a right answer in TensorFlow ops passes; one that puts the
+    channels first, writes ViT's constants in, or leaves out the mean fails, saying which."""
+    import tensorflow as tf
+
+    def right(pixels):
+        x = tf.cast(pixels, tf.float32) * SPEC.rescale_factor
+        return (x - tf.constant(SPEC.mean)) / tf.constant(SPEC.std)
+
+    workshop.check_normalize(right, SPEC, pipeline_output(), SPEC, channels_last=True)
+    with pytest.raises(Wrong, match=r"channels last\): leave the axes"):
+        workshop.check_normalize(
+            lambda p: np.moveaxis(np.asarray(right(p)), -1, -3),
+            SPEC,
+            pipeline_output(),
+            channels_last=True,
+        )
+    with pytest.raises(Wrong, match="Read them from spec.rescale_factor, spec.mean"):
+        workshop.check_normalize(
+            lambda p: (np.asarray(p) / 255 - np.asarray([0.5, 0.4, 0.3])) / np.asarray(SPEC.std),
+            SPEC,
+            pipeline_output(),
+            SPEC,
+            channels_last=True,
+        )
+    with pytest.raises(Wrong, match="subtracts mean"):
+        workshop.check_normalize(
+            lambda p: np.asarray(p) * SPEC.rescale_factor / np.asarray(SPEC.std),
+            SPEC,
+            pipeline_output(),
+            channels_last=True,
+        )
+
+
 def test_head():
     from types import SimpleNamespace
 

@@ -91,7 +91,7 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   elif [ "$STACK" = keras3 ]; then
     pip_in "$VENV" install -q -r tools/kaggle-tpu-image.txt -r <(tooling_requirements)
     pip_in "$VENV" install -q --no-deps -e .
-    # What notebook 08's install cell runs on a Kaggle TPU runtime, through the same function.
+    # What the main track's install cell runs on a Kaggle TPU runtime, through the same function.
     KAGGLE_KERNEL_RUN_TYPE=rehearsal TPU_ACCELERATOR_TYPE=v5litepod-8 \
       "$VENV/bin/python" -m tpu_helpers install --engine keras3 2> >(grep -v "is ignored: it is neither" >&2)
     "$VENV/bin/python" -c "import keras_hub, keras; print('[env] Keras 3 stack: keras', keras.__version__, 'keras-hub', keras_hub.__version__)"

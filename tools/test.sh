@@ -145,8 +145,8 @@ tf_tpu_leg() {
 # TensorFlow legs leave a core idle for minutes at a time (single-threaded tracing and
 # compiling), which these take. (Their environments were made in the legs too, at that
 # priority, until two of them took 14 minutes there on 2026-12-04.) JAX's persistent
-# compilation cache lives for the leg (the text part's compilations serve the records
-# part: 162 s to 100 s for notebook 08). A cell may take 300 s (the longest took 37 s in
+# compilation cache lives for the leg (one notebook's compilations serve another's of the
+# same shapes). A cell may take 300 s (the longest took 37 s in
 # CI): a kernel that dies mid-cell is reported after that, not after 15 minutes.
 keras3_leg() {
   local stack="$1" more=() notebooks=("build/nbval-$stack")
@@ -165,7 +165,7 @@ keras3_leg() {
     # the teaching page's no-TPU recipe, on the stack without a TF engine. On the other
     # leg only: the pod-slice rehearsals, the engines' equality for ALBERT, BERT, RoBERTa,
     # XLM-RoBERTa and ViT (their converters are the same KerasHub's on both legs; 60-90 s
-    # each here, 2026-12-05; notebooks 04 and 08 train ViT here), DistilBERT's runs on
+    # each here, 2026-12-05; notebook 04 trains ViT here), DistilBERT's runs on
     # both, and the core's refusals of a run that cannot go on (another learning rate, a
     # nan loss, data that ends early, class ids without an output), which no package
     # version changes

@@ -16,7 +16,11 @@ def main(argv: list[str] | None = None) -> int:
         help="what the notebooks' install cell does: run the plan on Colab or Kaggle, print it"
         " elsewhere",
     )
-    inst.add_argument("--engine", default="tf", help="tf (every notebook but 08) or keras3 (08)")
+    inst.add_argument(
+        "--engine",
+        default="tf",
+        help="tf (the notebooks of notebooks/tf/) or keras3 (the main track, notebooks/)",
+    )
     fx = sub.add_parser("fixtures", help="build the offline checkpoints and data sets")
     fx.add_argument("directory", help="where to write them, e.g. build/fixtures")
     fx.add_argument("--seed", type=int, default=0)

@@ -91,7 +91,9 @@ def prepare_environment(environ: dict | None = None) -> list[str]:
 
     * ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` resolve to tf-keras (Keras 2), which the
       ``TF*`` classes of transformers need. It only takes effect if set before TensorFlow
-      is imported, which is why ``import tpu_helpers`` should come first.
+      is imported, which is why ``import tpu_helpers`` should come first. Set only where
+      tf-keras is installed (the TF engine's stacks): without it the flag serves nothing,
+      and TensorFlow would tell a Keras 3 user to ``pip install tf_keras``.
     * With the ``tensorflow-tpu`` distribution as the only TensorFlow, a name transformers
       and datasets do not recognise: ``FORCE_TF_AVAILABLE=1`` for transformers (read when
       transformers is imported), ``TPU_SKIP_MDS_QUERY=1`` off a TPU (otherwise the import
@@ -101,17 +103,15 @@ def prepare_environment(environ: dict | None = None) -> list[str]:
     Safe to call again, as ``install`` does after the install plan changed packages.
     Returns the names of what it set. Values already set by the user are kept.
 
-    >>> env = {}
-    >>> "TF_USE_LEGACY_KERAS" in prepare_environment(env)
-    True
-    >>> env["TF_USE_LEGACY_KERAS"]
-    '1'
+    >>> env = {"TF_USE_LEGACY_KERAS": "0"}  # a value the user set is kept
+    >>> "TF_USE_LEGACY_KERAS" in prepare_environment(env), env["TF_USE_LEGACY_KERAS"]
+    (False, '0')
     """
     env = os.environ if environ is None else environ
     changed = []
     if environ is None:
         quiet_known_noise()
-    if "TF_USE_LEGACY_KERAS" not in env:
+    if "TF_USE_LEGACY_KERAS" not in env and distribution_version("tf-keras"):
         env["TF_USE_LEGACY_KERAS"] = "1"
         changed.append("TF_USE_LEGACY_KERAS")
     if only_tpu_build():

@@ -267,7 +267,7 @@ def keras3_check(f: DoctorFacts) -> Check:
     ]
     problems = [p for p in problems if p]
     if problems:
-        fix = "python -m tpu_helpers install --engine keras3 (what notebook 08's install cell runs)"
+        fix = "python -m tpu_helpers install --engine keras3 (what the main track's install cell runs)"
         return Check("keras 3 engine", FAIL, "; ".join(problems), fix)
     return Check(
         "keras 3 engine",

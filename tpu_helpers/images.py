@@ -788,6 +788,7 @@ def normalize(images, spec: ImageSpec):
     batches."""
     import tensorflow as tf
 
+    images = tf.convert_to_tensor(images)  # a NumPy batch too
     rank = images.shape.rank
     images = tf.transpose(images, [*range(rank - 3), rank - 1, rank - 3, rank - 2])
     images = tf.cast(images, tf.float32)

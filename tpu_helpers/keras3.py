@@ -558,7 +558,7 @@ def _backbone(keras, folder: Path, config: dict, head: Head):
     except ImportError as error:
         raise EngineError(
             f"KerasHub does not import ({error}). Fix: python -m tpu_helpers install --engine"
-            " keras3 on Colab or Kaggle (notebook 08's install cell), or pip install --no-deps"
+            " keras3 on Colab or Kaggle (the main track's install cell), or pip install --no-deps"
             " keras-hub==0.32.0 next to Keras 3 and JAX."
         ) from error
     settings = {arg: config[field] for arg, field in head.backbone if field in config}

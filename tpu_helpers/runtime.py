@@ -315,7 +315,7 @@ def choose_engine(facts: RuntimeFacts, model_type: str | None = None) -> EngineC
         return EngineChoice(
             "tf",
             f"the Keras 3 engine trains {', '.join(KERAS3_FAMILIES)}, not {model_type!r}:"
-            " its checkpoints train on the TF engine (every notebook but 08)",
+            " its checkpoints train on the TF engine (the notebooks of notebooks/tf/)",
         )
     keras = minor(d.get("keras"))
     jax, tf_tpu = d.get("jax"), d.get("tensorflow-tpu")

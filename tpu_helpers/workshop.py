@@ -25,7 +25,6 @@ __all__ = [
     "check_split",
     "check_widths",
     "check_compiled",
-    "check_data_parallel",
     "check_in_memory",
     "check_limit",
     "check_global_batch",
@@ -506,10 +505,16 @@ def check_parse_spec(spec: dict, source, rows, exercise: str = "03.1", records: 
 
 # --- 04 ---------------------------------------------------------------------------------
 def check_normalize(
-    normalize: Callable, spec, pixel_values, processor=None, exercise: str = "04.1"
+    normalize: Callable,
+    spec,
+    pixel_values,
+    processor=None,
+    exercise: str = "04.1",
+    channels_last: bool = False,
 ) -> None:
     """``normalize`` takes 0-255 pixels ``[B, H, W, 3]`` and gives what the model takes,
-    ``[B, 3, H, W]``, as the pipeline (``spec``) made ``pixel_values``. With the
+    ``[B, 3, H, W]`` (``channels_last=True``: ``[B, H, W, 3]``, as KerasHub's ViT takes
+    them), as the pipeline (``spec``) made ``pixel_values`` (channels first). With the
     ``processor`` that ``normalize`` reads, it is also run with other constants put in
     the processor for a moment: numbers written into the code (ViT's 0.5) fail then. Pass
     ``spec`` itself as the processor where the learner reads the constants from it."""
@@ -517,6 +522,8 @@ def check_normalize(
 
     expected = np.asarray(pixel_values, np.float64)
     pixels = pixels_of(expected, spec)
+    if channels_last:
+        normalize = _channels_first_of(normalize, pixels.shape, exercise)
     got = _normalized(normalize, pixels, exercise)
     _compare_normalized(got, expected, pixels, spec, exercise)
     if processor is not None:
@@ -525,9 +532,31 @@ def check_normalize(
     _ok(exercise, f"normalize reproduces the processor's numbers (max difference {error:.1e})")
 
 
+def _channels_first_of(normalize: Callable, shape, exercise: str) -> Callable:
+    """``normalize`` that keeps the images' layout, its result read channels first (as the
+    pipeline's ``pixel_values`` are compared); a result in another layout is refused."""
+
+    def channels_first(pixels):
+        got = np.asarray(normalize(pixels), np.float64)
+        if got.shape != tuple(shape):
+            raise _LayoutChanged(
+                f"normalize gave shape {got.shape}; KerasHub's ViT takes the images' own"
+                f" layout, {tuple(shape)} (channels last): leave the axes where they are."
+            )
+        return np.moveaxis(got, -1, -3)
+
+    return channels_first
+
+
+class _LayoutChanged(TpuHelpersError, ValueError):
+    """The learner's normalize moved the axes where the model takes them as they are."""
+
+
 def _normalized(normalize: Callable, pixels, exercise: str):
     try:
         return np.asarray(normalize(pixels), np.float64)
+    except _LayoutChanged as err:
+        _fail(exercise, str(err))
     except Exception as err:  # noqa: BLE001  (the learner's code: say where it failed)
         _fail(exercise, f"normalize(pixels) raised {err!r}.")
 
@@ -960,35 +989,6 @@ def check_restarted_positions(positions: Callable, exercise: str = "07.2") -> No
             f" not {int(want[r, i])}.{hint}",
         )
     _ok(exercise, "positions restart at 0 at every example")
-
-
-# --- 08 ---------------------------------------------------------------------------------
-def check_data_parallel(distribution, devices, exercise: str = "08.1") -> None:
-    """Keras 3's data parallelism over exactly ``devices``, made the global distribution,
-    splitting a batch's first axis over them (weights copied whole to each)."""
-    import keras
-
-    if not isinstance(distribution, keras.distribution.DataParallel):
-        _fail(
-            exercise,
-            f"distribution is a {type(distribution).__name__}: data parallelism (a copy of"
-            " the weights on every chip, the batch split between them) is"
-            " keras.distribution.DataParallel(devices=devices).",
-        )
-    mesh = np.asarray(distribution.device_mesh.devices).ravel().tolist()
-    if mesh != list(devices):
-        _fail(
-            exercise,
-            f"the distribution spans {len(mesh)} device(s), not the {len(devices)} of"
-            " `devices`: pass devices=devices.",
-        )
-    if keras.distribution.distribution() is not distribution:
-        _fail(
-            exercise,
-            "the distribution is made but not used: fit uses the global one, set with"
-            " keras.distribution.set_distribution(distribution).",
-        )
-    _ok(exercise, f"each batch is split over {len(mesh)} device(s) along its first axis")
 
 
 # --- 09 ---------------------------------------------------------------------------------
