@@ -446,23 +446,40 @@ def check_record_batches(
     _ok(exercise, f"{steps}, widths {list(boundaries)}, seed {seed}")
 
 
-def check_parse_spec(spec: dict, source, rows, exercise: str = "03.1", records: int = 64):
-    """``spec`` parses the first ``records`` records of the first shard of ``source`` (an
-    ``open_records`` result) into examples that are rows of ``rows`` (``input_ids`` and
-    ``label``, as written)."""
+def check_parse_spec(
+    spec: dict,
+    source,
+    rows,
+    exercise: str = "03.1",
+    records: int = 64,
+    *,
+    compression: str = "",
+):
+    """``spec`` parses the first ``records`` records of the first shard of ``source`` into
+    examples that are rows of ``rows`` (``input_ids`` and ``label``, as written).
+    ``source`` is an ``open_records`` result, or the path of a shard written by hand (its
+    ``compression`` then given), whose features are read from its first record."""
     import tensorflow as tf
 
     if not isinstance(spec, dict) or not spec:
         _fail(exercise, "spec must be a dict from feature name to tf.io.*Feature.")
-    columns = list(source.features)
+    if isinstance(source, str):
+        shard = source
+        first = next(iter(tf.data.TFRecordDataset([shard], compression_type=compression or "")))
+        columns = sorted(tf.train.Example.FromString(first.numpy()).features.feature)
+    else:
+        columns, shard, compression = (
+            list(source.features),
+            source.shards[0].path,
+            source.compression,
+        )
     missing = [c for c in columns if c not in spec]
     if missing:
         _fail(exercise, f"spec has no entry for {missing}; the records hold {columns}.")
     extra = [k for k in spec if k not in columns]
     if extra:
         _fail(exercise, f"spec names {extra}, which the records do not hold ({columns}).")
-    shard = source.shards[0].path
-    raw = tf.data.TFRecordDataset([shard], compression_type=source.compression or "")
+    raw = tf.data.TFRecordDataset([shard], compression_type=compression or "")
     known = {
         (tuple(ids), int(label))
         for ids, label in zip(rows["input_ids"], rows["label"], strict=True)
