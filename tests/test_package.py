@@ -24,6 +24,59 @@ def test_every_error_class_of_the_package_derives_from_the_root():
     assert strays == []
 
 
+#: Raises that name no class of their own, each read here: a helper in the same function that
+#: returns a ``RecordsError`` (``bad``), a ``Batches`` method that returns the package's
+#: error for data that ran out (``ran_out``), and TensorFlow's own error re-raised with the
+#: shard named (``type(err)``: a caller catching ``tf.errors.DataLossError`` still does).
+RAISES_READ_HERE = {
+    ("tpu_helpers.records.source", "bad"),
+    ("*", "ran_out"),
+    ("tpu_helpers.engine", "type"),
+}
+
+
+def _raised_names(tree):
+    """``(name, line)`` of each ``raise Name(...)`` or ``raise obj.name(...)``."""
+    import ast
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+            func = node.exc.func
+            if isinstance(func, ast.Name):
+                yield func.id, node.lineno
+            elif isinstance(func, ast.Attribute):
+                yield func.attr, node.lineno
+
+
+def _imported_inside(tree, name):
+    """``name`` as a function of the module imports it (``from tpu_helpers.x import name``)."""
+    import ast
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and name in {a.name for a in node.names}:
+            return getattr(importlib.import_module(node.module), name, None)
+    return None
+
+
+def test_every_raise_in_the_package_raises_a_subclass_of_the_root():
+    """``except TpuHelpersError`` catches every error the package raises on purpose; each
+    also keeps the built-in base a caller would catch (``ValueError``, ``TypeError`` ...)."""
+    import ast
+
+    strays, checked = [], 0
+    for info in pkgutil.walk_packages(tpu_helpers.__path__, "tpu_helpers."):
+        module = importlib.import_module(info.name)
+        tree = ast.parse(inspect.getsource(module))
+        for name, line in _raised_names(tree):
+            if (info.name, name) in RAISES_READ_HERE or ("*", name) in RAISES_READ_HERE:
+                continue
+            raised = getattr(module, name, None) or _imported_inside(tree, name)
+            checked += 1
+            if not (inspect.isclass(raised) and issubclass(raised, TpuHelpersError)):
+                strays.append(f"{info.name}:{line} raise {name}(...)")
+    assert checked > 150 and strays == [], strays
+
+
 def test_the_family_facts_come_from_one_table():
     from tpu_helpers import families, packing, runtime, text
 

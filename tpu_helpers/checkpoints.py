@@ -40,7 +40,7 @@ from tpu_helpers.engine import (
     data_errors_explained,
     fit_resumable,
 )
-from tpu_helpers.errors import CheckpointMismatchError
+from tpu_helpers.errors import CheckpointMismatchError, InputError
 from tpu_helpers.validate import check_positive
 
 __all__ = [
@@ -260,7 +260,7 @@ def _saver(checkpoints: RunCheckpoints, every_steps: int | None, every_minutes: 
 def build_optimizer(model, optimizer) -> None:
     """Create the optimizer's slots now, so that a restore checks them at once."""
     if not model.built or not model.variables:
-        raise ValueError(
+        raise InputError(
             "The model has no weights yet, so a checkpoint cannot be checked against it. Fix:"
             " build it first (a transformers model from from_pretrained is built; otherwise"
             " call it once on a batch, or model.build_in_name_scope())."

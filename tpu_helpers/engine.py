@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from tpu_helpers.checks import first_line
-from tpu_helpers.errors import TrainingDivergedError
+from tpu_helpers.errors import InputError, InputTypeError, TrainingDivergedError
 from tpu_helpers.pipeline import require_batches
 from tpu_helpers.validate import check_positive
 
@@ -68,7 +68,7 @@ def trainer_for(model, *, log: Callable[[str], None] = print, verbose=2, fit_kwa
         _keras()  # Keras 3 on another backend is refused, with the fix
 
         if fit_kwargs:
-            raise TypeError(
+            raise InputTypeError(
                 f"{sorted(fit_kwargs)}: options of tf-keras' fit, which the Keras 3 engine"
                 " does not run. Fix: leave them out (validation=, callbacks=, verbose= and"
                 " the save cadence are fit_resumable's own)."
@@ -103,13 +103,13 @@ def check_save_every(every_steps, every_minutes, directory: str | None = "-") ->
         check_positive(every_steps=every_steps)
     minutes_ok = isinstance(every_minutes, (int, float)) and not isinstance(every_minutes, bool)
     if every_minutes is not None and not (minutes_ok and every_minutes >= 0):
-        raise ValueError(
+        raise InputError(
             f"every_minutes={every_minutes!r} must be a number of minutes. Fix: 10 (a save"
             " costs seconds; a disconnect loses at most that much training), or 0 for saves"
             " at epoch ends only."
         )
     if not isinstance(directory, str) or not directory:
-        raise TypeError(
+        raise InputTypeError(
             f"directory={directory!r} must be a folder path (local or gs://). Fix:"
             " f'{output_dir}/checkpoints'."
         )

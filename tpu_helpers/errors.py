@@ -6,6 +6,14 @@ expect (``ValueError`` for bad input, ``RuntimeError`` for what cannot run here)
 ===========================  ============================================  ============
 class                        condition                                     defined in
 ===========================  ============================================  ============
+``InputError``               a value passed in cannot be used as given     here
+``InputTypeError``           a value passed in is of the wrong kind        here
+``MissingFileError``         a file or folder named is not there           here
+``ExistingFileError``        a file would be written over                  here
+``NotFoundError``            a name looked up is not there (a metric, a    here
+                             check)
+``MissingPackageError``      a package the call needs is not installed     here
+``TimedOutError``            a call did not finish in its time             here
 ``CheckpointFormatError``    a checkpoint's files cannot be read as asked  here
 ``CheckpointMismatchError``  a run's saves belong to another run, model    here
                              or optimizer, or none can be read
@@ -25,6 +33,13 @@ from __future__ import annotations
 
 __all__ = [
     "TpuHelpersError",
+    "InputError",
+    "InputTypeError",
+    "MissingFileError",
+    "ExistingFileError",
+    "NotFoundError",
+    "MissingPackageError",
+    "TimedOutError",
     "CheckpointFormatError",
     "CheckpointMismatchError",
     "EngineError",
@@ -35,6 +50,38 @@ __all__ = [
 
 class TpuHelpersError(Exception):
     """The root of every error ``tpu_helpers`` raises on purpose."""
+
+
+class InputError(TpuHelpersError, ValueError):
+    """A value passed in (an argument, a parameter, a row of data) cannot be used as given;
+    the message names it and the fix."""
+
+
+class InputTypeError(TpuHelpersError, TypeError):
+    """A value passed in is of a kind the function does not take."""
+
+
+class MissingFileError(TpuHelpersError, FileNotFoundError):
+    """A file or folder the caller named (a checkpoint, a shard, an image) is not there."""
+
+
+class ExistingFileError(TpuHelpersError, FileExistsError):
+    """Writing would replace files that are there; the message says how to allow it."""
+
+
+class NotFoundError(TpuHelpersError, KeyError):
+    """A name looked up is not there: a metric a run did not log, a check not made."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class MissingPackageError(TpuHelpersError, ModuleNotFoundError):
+    """A package the call needs is not installed; the message names the install."""
+
+
+class TimedOutError(TpuHelpersError, TimeoutError):
+    """A call did not finish within its time (connecting to a TPU, say)."""
 
 
 class CheckpointFormatError(TpuHelpersError, ValueError):

@@ -41,6 +41,8 @@ import re
 import shutil
 from pathlib import Path
 
+from tpu_helpers.errors import InputError
+
 __all__ = [
     "FIXTURES_VERSION",
     "COLA_SPLITS",
@@ -378,7 +380,7 @@ def _layout(layout: str) -> tuple[str, str]:
     """``(weights, transformers version)`` of a layout name such as ``pytorch+transformers5``."""
     weights, _, version = layout.partition("+transformers")
     if weights not in LAYOUTS or version not in ("", "5"):
-        raise ValueError(
+        raise InputError(
             f"Unknown checkpoint layout {layout!r}. Fix: one of {LAYOUTS}, optionally"
             " followed by '+transformers5'."
         )
@@ -433,7 +435,7 @@ def train_tokenizer(family: str, corpus: list[str], vocab_size: int = 600):
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
     if family not in TOKENIZER_KINDS:
-        raise ValueError(
+        raise InputError(
             f"No tokenizer recipe for family {family!r}. Fix: one of {sorted(TOKENIZER_KINDS)}."
         )
     kind, specials, (single, pair) = TOKENIZER_KINDS[family]
@@ -631,7 +633,7 @@ def untrained_weights(config, seed: int = 0) -> dict:
     import numpy as np
 
     if config.model_type not in _SHAPES:
-        raise ValueError(
+        raise InputError(
             f"No weight table for model_type {config.model_type!r}. Fix: one of"
             f" {sorted(_SHAPES)}, or write_tiny_checkpoint (transformers' TF classes)."
         )
@@ -662,7 +664,7 @@ def write_untrained_checkpoint(
 
     weights, version = _layout(layout)
     if weights not in ("pytorch", "pytorch-sharded"):
-        raise ValueError(
+        raise InputError(
             f"Layout {layout!r} holds tf_model.h5, which needs transformers' TF classes. Fix:"
             " 'pytorch' or 'pytorch-sharded' (optionally '+transformers5'), or"
             " write_tiny_checkpoint in the CPU stack."
@@ -986,7 +988,7 @@ def build_fixtures(
     root = Path(directory).resolve()
     present = tf_classes_present()
     if references and not present:
-        raise ValueError(
+        raise InputError(
             "references=True: the engines' reference numbers need transformers' TF classes,"
             " which this environment lacks. Fix: build them in the CPU stack (STACK=cpu bash -c"
             " 'source tools/env.sh && python -m tpu_helpers fixtures build/fixtures')."

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from tpu_helpers.checks import first_line
+from tpu_helpers.errors import InputError, MissingFileError
 from tpu_helpers.validate import check_labels, check_positive
 
 __all__ = [
@@ -222,7 +223,7 @@ def processor_settings(checkpoint: str, **hub_options) -> SimpleNamespace:
 
     path = _resolve(checkpoint, "preprocessor_config.json", hub_options)
     if path is None:
-        raise ValueError(
+        raise InputError(
             f"{checkpoint} has no preprocessor_config.json, so its image preprocessing is"
             " unknown. Fix: an image checkpoint saved with its processor (save_pretrained"
             " of the processor writes it), or ImageSpec(height=..., mean=..., std=...)."
@@ -232,7 +233,7 @@ def processor_settings(checkpoint: str, **hub_options) -> SimpleNamespace:
     name = saved.get("image_processor_type") or saved.get("feature_extractor_type") or ""
     name = name.replace("FeatureExtractor", "ImageProcessor").removesuffix("Fast")
     if name not in PROCESSOR_DEFAULTS:
-        raise ValueError(
+        raise InputError(
             f"{checkpoint}'s preprocessor_config.json names {name or 'no class'}, whose"
             f" defaults are not known here (known: {', '.join(PROCESSOR_DEFAULTS)})."
             " Fix: ImageSpec.from_processor(AutoImageProcessor.from_pretrained(...)) where"
@@ -259,20 +260,20 @@ def _resample_code(processor, name: str) -> int:
     on = sorted(k for k, v in vars(processor).items() if k.startswith("do_") and v is True)
     unknown = [k for k in on if k not in _STEPS]
     if unknown:
-        raise ValueError(
+        raise InputError(
             f"{name} applies {unknown}, which the tf.data pipeline does not reproduce."
             " Fix: turn it off on the processor if the model does not need it, or"
             " preprocess with the processor itself (slower)."
         )
     if not getattr(processor, "do_resize", True):
-        raise ValueError(
+        raise InputError(
             f"{name} does not resize (do_resize=False): images keep their own sizes,"
             " which a TPU batch cannot hold. Fix: processor.do_resize = True."
         )
     code = getattr(processor, "resample", 2)
     code = int(getattr(code, "value", code))
     if code not in _RESAMPLE:
-        raise ValueError(
+        raise InputError(
             f"{name} resizes with PIL's {_RESAMPLE_NAMES.get(code, code)} filter, which"
             " tf.image.resize does not have. Fix: set processor.resample to BILINEAR or"
             " BICUBIC, or preprocess with the processor itself."
@@ -300,24 +301,24 @@ def _geometry(processor, name: str):
     elif set(size) == {"shortest_edge"}:
         shortest = height = width = int(size["shortest_edge"])
         if not do_crop:
-            raise ValueError(
+            raise InputError(
                 f"{name} resizes the shorter side to {shortest} and keeps the aspect ratio"
                 " without cropping: images of different shapes cannot share a batch."
                 " Fix: processor.do_center_crop = True with a crop_size, or a size with"
                 " height and width."
             )
     else:
-        raise ValueError(
+        raise InputError(
             f"{name} has size {size}, which the pipeline does not reproduce (it takes"
             " height/width or shortest_edge)."
         )
     if do_crop:
         if "height" not in crop:
-            raise ValueError(f"{name} center-crops but has no crop_size height/width.")
+            raise InputError(f"{name} center-crops but has no crop_size height/width.")
         height, width = int(crop["height"]), int(crop.get("width", crop["height"]))
         before = (shortest, shortest) if shortest else resize or (height, width)
         if before[0] < height or before[1] < width:
-            raise ValueError(
+            raise InputError(
                 f"{name} crops {height}x{width} out of a {before[0]}x{before[1]} resize,"
                 " which pads with zeros; the pipeline does not. Fix: a crop_size no"
                 " larger than the resize size."
@@ -345,7 +346,7 @@ def write_image_files(
     import tensorflow as tf
 
     if image_column not in split.column_names:
-        raise ValueError(
+        raise InputError(
             f"the split has no {image_column!r} column (it has {split.column_names}). Fix:"
             " image_column= the column of images, or a data set that carries them."
         )
@@ -392,7 +393,7 @@ def files_of(
 
     columns = split.column_names
     if label_column not in columns:
-        raise ValueError(
+        raise InputError(
             f"the split has no {label_column!r} column (it has {columns}). Fix:"
             " label_column= the column of class ids."
         )
@@ -400,7 +401,7 @@ def files_of(
     listed = [str(p) for p in split[path_column]] if path_column in columns else []
     if base_path:
         if not listed:
-            raise ValueError(
+            raise InputError(
                 f"base_path={base_path!r} moves the listed paths, and the split has no"
                 f" {path_column!r} column (it has {columns}). Fix: path_column= the column of"
                 " file paths, or base_path='' to use the images the data set carries."
@@ -410,7 +411,7 @@ def files_of(
         return listed, labels
     if image_column in columns:
         if not folder:
-            raise ValueError(
+            raise InputError(
                 "the listed image files are not on this machine; the data set carries the"
                 " images, which need a folder to be written to. Fix: folder= a local folder"
                 " or a gs:// one (written once, kept for the next run)."
@@ -419,7 +420,7 @@ def files_of(
             split, folder, image_column=image_column, label_column=label_column
         ), labels
     missing = next((p for p in listed if not tf.io.gfile.exists(p)), None)
-    raise ValueError(
+    raise InputError(
         f"the split lists files this machine does not have ({missing}) and carries no"
         f" {image_column!r} column of images. Fix: base_path= the bucket or folder that"
         " holds the files in class folders."
@@ -432,9 +433,9 @@ def check_classes(labels: Sequence[int], class_names: Sequence[str], model_confi
     try:
         check_labels(labels, len(class_names), "labels")
     except ValueError as err:
-        raise ValueError(f"{err} The classes: {list(class_names)}.") from None
+        raise InputError(f"{err} The classes: {list(class_names)}.") from None
     if model_config is not None and model_config.num_labels != len(class_names):
-        raise ValueError(
+        raise InputError(
             f"The model has {model_config.num_labels} output labels, the data"
             f" {len(class_names)} classes {list(class_names)}. Fix: from_pretrained(...,"
             f" num_labels={len(class_names)}, id2label=..., label2id=...,"
@@ -942,15 +943,15 @@ def _checked_files(paths, labels, global_batch, training, on_error, max_pixels, 
     """The arguments checked, and the files that can be read (see ``on_error``):
     ``(paths, labels)``."""
     if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
+        raise InputError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
     check_positive(global_batch=global_batch)
     paths = [str(p) for p in paths]
     labels = check_labels(labels, num_labels, "labels").astype(np.int32)
     if len(paths) != len(labels):
-        raise ValueError(f"{len(paths)} paths but {len(labels)} labels.")
+        raise InputError(f"{len(paths)} paths but {len(labels)} labels.")
     paths, labels = _usable_files(paths, labels, on_error, max_pixels, log)
     if not paths or (training and len(paths) < global_batch):
-        raise ValueError(
+        raise InputError(
             f"{len(paths)} images make no full training batch of {global_batch} (one step needs"
             " a full batch on every replica). Fix: a smaller per-replica batch, or more images."
         )
@@ -963,7 +964,7 @@ def _usable_files(paths: list[str], labels: np.ndarray, on_error: str, max_pixel
     if on_error == "raise":
         missing = missing_files(paths)
         if missing:
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"{len(missing)} of {len(paths)} image files do not exist, e.g. {missing[:3]}."
                 " Fix: check the base path (rebase_paths), or on_error='skip'."
             )
@@ -1056,7 +1057,7 @@ def image_record_batches(
     opened = _counted(open_records(source), print)
     n = opened.num_records
     if not n or (training and n < global_batch):
-        raise ValueError(
+        raise InputError(
             f"{source} holds {n} image record(s), which make no full training batch of"
             f" {global_batch} (one step needs a full batch on every replica). Fix: a smaller"
             " per-replica batch, or more images."

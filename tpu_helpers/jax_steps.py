@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tpu_helpers.errors import InputError
+
 __all__ = [
     "Steps",
     "EpochReport",
@@ -359,7 +361,7 @@ class Steps:
         for last in _Feed(self, dataset.take(steps), self.per_call):
             done += last[2].steps
         if last is None:
-            raise ValueError("the dataset gave no batch to time. Fix: check the data it reads.")
+            raise InputError("the dataset gave no batch to time. Fix: check the data it reads.")
         jax.block_until_ready(last[:2])
         alone = done / (time.perf_counter() - start)
         items = list(_Feed(self, dataset.take(cached), self.per_call))

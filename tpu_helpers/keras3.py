@@ -44,7 +44,13 @@ import numpy as np
 
 from tpu_helpers.checks import first_line
 from tpu_helpers.engine import fit_resumable, predict_classes
-from tpu_helpers.errors import CheckpointFormatError, CheckpointMismatchError, EngineError
+from tpu_helpers.errors import (
+    CheckpointFormatError,
+    CheckpointMismatchError,
+    EngineError,
+    InputError,
+    InputTypeError,
+)
 from tpu_helpers.families import FAMILIES, KERAS3, MLM, Head, MlmHead
 from tpu_helpers.hub import HUB_OPTIONS, _resolve, find_weights
 from tpu_helpers.pipeline import require_batches
@@ -240,7 +246,7 @@ def checkpoint_folder(checkpoint: str, **options) -> tuple[Path, dict]:
     (``hub.HUB_OPTIONS``); any other is refused, naming it."""
     unknown = sorted(set(options) - set(HUB_OPTIONS))
     if unknown:
-        raise TypeError(
+        raise InputTypeError(
             f"{', '.join(unknown)}: not an option of the Keras 3 engine's loaders"
             " (classifier takes num_labels, ignore_mismatched_sizes, seed and verbose,"
             f" masked_lm seed and verbose, both the hub's {', '.join(HUB_OPTIONS)})."
@@ -834,7 +840,7 @@ def save_hub_layout(
             " or save it in the Keras format with model.save('model.keras')."
         )
     if "://" not in str(folder) and Path(folder).resolve() == source.folder.resolve():
-        raise ValueError(
+        raise InputError(
             f"{folder} is the folder the model was read from; writing there would replace"
             " the checkpoint it still reads. Fix: another folder, e.g. f'{output_dir}/model'."
         )
@@ -865,7 +871,7 @@ def save_hub_layout(
         i: named.get(str(i), f"LABEL_{i}") for i in range(labels)
     }
     if sorted(id2label) != list(range(labels)):
-        raise ValueError(
+        raise InputError(
             f"id2label={id2label!r} must name each of the {labels} classes 0..{labels - 1}."
             f" Fix: {{0: 'negative', 1: 'positive'}} for two classes."
         )

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tpu_helpers.engine import predict_classes  # the one of both engines
+from tpu_helpers.errors import InputError, InputTypeError
 from tpu_helpers.validate import check_labels, check_positive, check_same_length
 
 __all__ = [
@@ -29,7 +30,7 @@ def _scored(labels, predictions, weights) -> tuple[np.ndarray, np.ndarray, np.nd
     p = check_labels(predictions, column="predictions")
     w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
     if not w.sum() > 0:
-        raise ValueError(
+        raise InputError(
             f"There is nothing to score: {len(y)} rows with a total weight of {w.sum()}. Fix:"
             " predict on at least one real (weight 1) example; check the split and its steps."
         )
@@ -73,7 +74,7 @@ def majority_rate(labels) -> float:
     """Accuracy of always predicting the most common class: the bar a model must clear."""
     counts = np.bincount(check_labels(labels, column="labels"))
     if counts.sum() == 0:
-        raise ValueError(
+        raise InputError(
             "labels is empty: there is no majority class. Fix: pass the split's labels."
         )
     return float(counts.max() / counts.sum())
@@ -96,7 +97,7 @@ def count_examples(dataset) -> int:
     import tensorflow as tf
 
     if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(
+        raise InputTypeError(
             f"count_examples takes a tf.data.Dataset, not a {type(dataset).__name__}. Fix:"
             " tf.data.Dataset.from_tensor_slices(...).batch(...) first."
         )

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tpu_helpers.errors import InputError, NotFoundError
 from tpu_helpers.validate import check_positive
 
 __all__ = [
@@ -106,7 +107,7 @@ def train_tokenizer(
     from transformers import AutoTokenizer, BertTokenizerFast, RobertaTokenizerFast
 
     if kind not in _SPECIALS:
-        raise ValueError(f"kind={kind!r}: use 'wordpiece' (BERT family) or 'bpe' (RoBERTa).")
+        raise InputError(f"kind={kind!r}: use 'wordpiece' (BERT family) or 'bpe' (RoBERTa).")
     special = _SPECIALS[kind]
 
     def batches():
@@ -144,7 +145,7 @@ def train_tokenizer(
 
 def _require_mask_token(tokenizer) -> None:
     if tokenizer.mask_token_id is None:
-        raise ValueError(
+        raise InputError(
             f"{type(tokenizer).__name__} has no mask token, which masked-language-model"
             " training needs. Fix: a tokenizer with one (BERT's [MASK], RoBERTa's <mask>),"
             " train_tokenizer(), or tokenizer.add_special_tokens({'mask_token': '[MASK]'})."
@@ -159,7 +160,7 @@ def check_model_fits(config, tokenizer, block_size: int) -> None:
 
     _require_mask_token(tokenizer)
     if len(tokenizer) > config.vocab_size:
-        raise ValueError(
+        raise InputError(
             f"The tokenizer has {len(tokenizer)} tokens, the model's vocabulary"
             f" {config.vocab_size}: ids beyond it would fail (CPU) or read wrong rows (TPU)."
             f" Fix: vocab_size={len(tokenizer)} in the config (from scratch), or"
@@ -167,7 +168,7 @@ def check_model_fits(config, tokenizer, block_size: int) -> None:
         )
     limit = position_limit(config)
     if limit is not None and block_size > limit:
-        raise ValueError(
+        raise InputError(
             f"block_size={block_size} exceeds the {config.model_type} model's {limit}"
             f" positions. Fix: block_size <= {limit}."
         )
@@ -192,12 +193,12 @@ def pack_blocks(
     token. Blank documents are left out unless ``keep_empty``.
     """
     if block_size < 8:
-        raise ValueError(f"block_size={block_size} is too small for a language model block.")
+        raise InputError(f"block_size={block_size} is too small for a language model block.")
     separator = (
         tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
     )
     if separator is None:
-        raise ValueError(
+        raise InputError(
             f"{type(tokenizer).__name__} has neither a sep nor an eos token to put between"
             " documents. Fix: tokenizer.add_special_tokens({'sep_token': '</s>'}) and resize"
             " the model's embeddings, or use another tokenizer."
@@ -206,7 +207,7 @@ def pack_blocks(
     body = block_size - (start is not None)
     missing = [text_column] if text_column not in dataset.column_names else []
     if missing:
-        raise ValueError(
+        raise InputError(
             f"The data set has no column {text_column!r} (it has {dataset.column_names})."
             " Fix: pass text_column=."
         )
@@ -253,12 +254,12 @@ def mask_tokens(
     import tensorflow as tf
 
     if isinstance(probability, bool) or not 0 < probability < 1:
-        raise ValueError(
+        raise InputError(
             f"probability={probability!r} must be between 0 and 1 (the share of tokens to"
             " mask). Fix: 0.15, as BERT and RoBERTa were pretrained."
         )
     if mask_token_id is None:
-        raise ValueError(
+        raise InputError(
             "mask_token_id is None: the tokenizer has no mask token. Fix: a tokenizer made for"
             " masked-LM ([MASK] or <mask>), e.g. mlm.train_tokenizer, or"
             " tokenizer.add_special_tokens({'mask_token': '[MASK]'}) and a resized model."
@@ -364,7 +365,7 @@ def masked_batches(
     _require_mask_token(tokenizer)
     if not isinstance(blocks, Batches):
         if global_batch is None:
-            raise ValueError(
+            raise InputError(
                 "masked_batches of an array needs global_batch=. Fix: the rows per step."
             )
         ids = np.asarray(blocks, np.int32)
@@ -422,13 +423,13 @@ def perplexity(history_or_logs: dict, key: str = "mlm_loss") -> float:
     """``exp`` of the masked-token cross-entropy a compiled weighted metric named ``key``
     reports (the mean over masked positions only, not over every position)."""
     if key not in history_or_logs:
-        raise KeyError(
+        raise NotFoundError(
             f"{key!r} is not among the logged metrics {sorted(history_or_logs)}. Fix: compile"
             f" with weighted_metrics named {key!r} (see notebook 06), or pass key= one of them."
         )
     value = history_or_logs[key]
     if isinstance(value, list):
         if not value:
-            raise ValueError(f"{key!r} holds no values yet. Fix: train or evaluate first.")
+            raise InputError(f"{key!r} holds no values yet. Fix: train or evaluate first.")
         value = value[-1]
     return float(np.exp(value))

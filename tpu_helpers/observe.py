@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tpu_helpers.errors import InputError, InputTypeError, MissingFileError, MissingPackageError
 from tpu_helpers.validate import check_positive
 
 __all__ = [
@@ -42,7 +43,7 @@ __all__ = [
 def _check_folder(log_dir) -> str:
     """``log_dir`` as a path string, or ``TypeError`` naming it."""
     if isinstance(log_dir, bool) or not isinstance(log_dir, (str, os.PathLike)) or not str(log_dir):
-        raise TypeError(
+        raise InputTypeError(
             f"log_dir={log_dir!r} must be a folder path (local, gs:// or ram://). Fix: for"
             " example f'{output_dir}/logs'."
         )
@@ -91,7 +92,7 @@ class TrainingLog:
 
         if importlib.util.find_spec("tensorboard") is None:
             version = ".".join(tf.__version__.split(".")[:2])
-            raise ModuleNotFoundError(
+            raise MissingPackageError(
                 "TensorBoard is not installed, and tf.summary needs it to write logs. Fix:"
                 f" pip install 'tensorboard~={version}.0' (the install cell of the notebooks"
                 " adds it on Colab and Kaggle)."
@@ -127,7 +128,7 @@ class TrainingLog:
 
         scalars: dict[str, dict[str, float]] = {"train": {}, "validation": {}}
         if not isinstance(logs, Mapping):
-            raise TypeError(f"logs must be a mapping of metric names to numbers, not {logs!r}")
+            raise InputTypeError(f"logs must be a mapping of metric names to numbers, not {logs!r}")
         for key, value in logs.items():
             if value is None or isinstance(value, str):
                 continue
@@ -192,7 +193,7 @@ def read_scalars(run_dir: str, part: str = "train") -> dict[str, list[tuple[int,
 
     run_dir = _check_folder(run_dir)
     if not tf.io.gfile.isdir(run_dir):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"There is no run folder {run_dir}. Fix: pass a run's folder (TrainingLog.run_dir,"
             " the log folder followed by the run's name)."
         )
@@ -341,7 +342,7 @@ def input_bound_check(
 
     check_positive(steps=steps, cached_batches=cached_batches)
     if getattr(model, "optimizer", None) is None:
-        raise ValueError("Compile the model first (model.compile(...)): the check runs its step.")
+        raise InputError("Compile the model first (model.compile(...)): the check runs its step.")
     dataset = require_batches(batches, "input_bound_check").dataset(0).repeat()
     per_call = getattr(model, "_steps_per_execution", None)
     per_call = int(per_call.numpy()) if per_call is not None else 1

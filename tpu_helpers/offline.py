@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tpu_helpers.errors import InputError, MissingFileError
+
 __all__ = ["PARAMS", "parameters_file", "fill_in", "offline_parameters"]
 
 #: Where a track's CPU parameters live in the repository.
@@ -27,10 +29,10 @@ def parameters_file(notebook: str, repo: str | os.PathLike = ".", track: str = "
     """The parameter file of ``notebook``: its number (``"01"``), its stem
     (``"01_text_classification_fit"``) or a variant's (``"01_text_classification_fit.pairs"``)."""
     if track not in PARAMS:
-        raise ValueError(f"track={track!r} is not a track. Fix: one of {sorted(PARAMS)}.")
+        raise InputError(f"track={track!r} is not a track. Fix: one of {sorted(PARAMS)}.")
     folder = Path(repo) / PARAMS[track]
     if not folder.is_dir():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{folder} does not exist: {repo} is not a clone of tpu-transformers-notebooks."
             " Fix: git clone the repository (docs/teaching.md, *The room has no TPU*) and"
             " pass the clone's folder."
@@ -41,7 +43,7 @@ def parameters_file(notebook: str, repo: str | os.PathLike = ".", track: str = "
     found = exact or numbered
     if len(found) != 1:
         names = ", ".join(repr(f.stem) for f in files)
-        raise ValueError(
+        raise InputError(
             f"notebook={notebook!r} names {len(found)} of the {track} track's parameter files"
             f" in {folder}. Fix: one of {names}, or a number such as '01'."
         )

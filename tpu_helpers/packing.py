@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tpu_helpers.errors import InputError
 from tpu_helpers.families import FAMILIES as FAMILY_TABLE
 from tpu_helpers.families import PACKED
 from tpu_helpers.validate import (
@@ -82,7 +83,7 @@ def pack_rows(
     lengths = check_token_counts(lengths)
     too_long = np.flatnonzero(lengths > width)
     if too_long.size:
-        raise ValueError(
+        raise InputError(
             f"{too_long.size} example(s) are longer than width={width} (the first, index"
             f" {int(too_long[0])}, has {int(lengths[too_long[0]])} tokens). Fix: tokenize with"
             f" max_length={width} (truncation=True), or pack into wider rows."
@@ -115,7 +116,7 @@ def pack_rows(
 
 def _check_some(lengths: Sequence[int]) -> None:
     if len(lengths) == 0:
-        raise ValueError(
+        raise InputError(
             "There are no examples to pack (lengths is empty). Fix: check the split and any"
             " filter or max_examples before packing."
         )
@@ -213,7 +214,7 @@ def _layout(input_ids, rows: list[list[int]], width: int, max_per_row: int):
     n = len(rows)
     per_row = np.array([len(r) for r in rows], dtype=np.int64)
     if n and per_row.max() > max_per_row:
-        raise ValueError(
+        raise InputError(
             f"A row holds {per_row.max()} examples, more than max_per_row={max_per_row}. Fix:"
             " pack_rows(lengths, width, max_per_row) with the same max_per_row."
         )
@@ -224,7 +225,7 @@ def _layout(input_ids, rows: list[list[int]], width: int, max_per_row: int):
     ends = np.cumsum(lengths)  # in the concatenation of all rows' examples
     row_tokens = np.bincount(row_of, weights=lengths, minlength=n).astype(np.int64)
     if n and row_tokens.max() > width:
-        raise ValueError(
+        raise InputError(
             f"Row {int(row_tokens.argmax())} holds {int(row_tokens.max())} tokens, more than"
             f" width={width}. Fix: pack_rows(lengths, width) with the same width."
         )
@@ -240,7 +241,7 @@ def _types_in_order(token_type_ids, input_ids, order, lengths) -> np.ndarray:
     wrong = np.flatnonzero(np.array([len(t) for t in types]) != lengths)
     if len(wrong):
         i = int(order[wrong[0]])
-        raise ValueError(
+        raise InputError(
             f"Example {i} has {len(input_ids[i])} input_ids but"
             f" {len(token_type_ids[i])} token_type_ids. Fix: take both from the same"
             " tokenizer call."
@@ -275,7 +276,7 @@ def unsupported_reason(config) -> str | None:
 def _family(model) -> str:
     reason = unsupported_reason(model.config)
     if reason is not None:
-        raise ValueError(f"{type(model).__name__}: {reason[0].upper()}{reason[1:]}")
+        raise InputError(f"{type(model).__name__}: {reason[0].upper()}{reason[1:]}")
     return model.config.model_type
 
 
@@ -513,7 +514,7 @@ def packed_batches(
 
     def build(epoch, skip_steps, input_context):
         if epoch >= epochs:
-            raise ValueError(
+            raise InputError(
                 f"epoch={epoch}: the packing was planned for {epochs} epochs (0 to"
                 f" {epochs - 1}). Fix: packed_batches(..., epochs=) the run's epochs."
             )

@@ -47,6 +47,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from tpu_helpers.errors import InputError, InputTypeError
+
 __all__ = [
     "Batches",
     "STREAMS",
@@ -165,7 +167,7 @@ class Batches:
         for name in ("steps_per_epoch", "global_batch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-                raise ValueError(
+                raise InputError(
                     f"{self.name}: {name}={value!r} must be a positive integer. Fix: the"
                     " data must make at least one full batch (a smaller batch or more data)."
                 )
@@ -175,16 +177,16 @@ class Batches:
         steps = self.steps_per_epoch if steps is None else steps
         ok = isinstance(epoch, int | np.integer) and not isinstance(epoch, bool) and epoch >= 0
         if not ok:
-            raise ValueError(f"epoch={epoch!r} must be a whole number from 0. Fix: epoch=0.")
+            raise InputError(f"epoch={epoch!r} must be a whole number from 0. Fix: epoch=0.")
         ok = isinstance(skip_steps, int | np.integer) and not isinstance(skip_steps, bool)
         if ok and skip_steps == steps:
-            raise ValueError(
+            raise InputError(
                 f"skip_steps={skip_steps!r} is the end of epoch {epoch} of {self.name}, which"
                 f" has {steps} steps: nothing of it is left. Fix: go on at epoch {epoch + 1},"
                 " step 0 (a save at an epoch's last step names the next epoch's start)."
             )
         if not ok or not 0 <= skip_steps < steps:
-            raise ValueError(
+            raise InputError(
                 f"skip_steps={skip_steps!r}: an epoch of {self.name} has"
                 f" {steps} steps of {self.global_batch} rows, so skip 0 to"
                 f" {steps - 1}. Fix: resume with the global batch of the run"
@@ -199,7 +201,7 @@ class Batches:
     def per_replica_batch(self, replicas: int) -> int:
         """The rows of one replica per step, refusing a global batch that does not divide."""
         if replicas < 1 or self.global_batch % replicas:
-            raise ValueError(
+            raise InputError(
                 f"{self.name}: global batch {self.global_batch} does not divide across"
                 f" {replicas} replicas. Fix: a global batch that is a multiple of {replicas}"
                 f" (per-replica batch x replicas, e.g. {max(1, self.global_batch // max(replicas, 1)) * replicas})."
@@ -243,7 +245,7 @@ class Batches:
         import tensorflow as tf
 
         if devices % hosts or not 0 <= host < hosts:
-            raise ValueError(
+            raise InputError(
                 f"host {host} of {hosts} hosts with {devices} devices: each host feeds as"
                 " many devices as the others. Fix: the devices of every process (jax.devices())."
             )
@@ -291,7 +293,7 @@ class Batches:
 
         limit = position_limit(model_config) if hasattr(model_config, "model_type") else None
         if limit is not None and self.max_width > limit:
-            raise ValueError(
+            raise InputError(
                 f"{self.name} has rows of up to {self.max_width} tokens, but the"
                 f" {model_config.model_type} model embeds {limit} positions. Fix: widths"
                 f" (boundaries, the packed width) of at most {limit}, e.g. max_length={limit}."
@@ -310,7 +312,7 @@ class Batches:
         classes = getattr(model_config, "num_labels", None)
         # one output is a regression (transformers' num_labels=1): its targets are no ids
         if self.max_label is not None and classes and classes > 1 and self.max_label >= classes:
-            raise ValueError(
+            raise InputError(
                 f"{self.name} hold class label {self.max_label}, but the model has {classes}"
                 f" outputs (labels 0 to {classes - 1}). Fix: build the model with"
                 f" num_labels={self.max_label + 1} (the data set's number of classes), or"
@@ -318,7 +320,7 @@ class Batches:
             )
         vocabulary = getattr(model_config, "vocab_size", None)
         if self.max_token_id is not None and vocabulary and self.max_token_id >= vocabulary:
-            raise ValueError(
+            raise InputError(
                 f"{self.name} hold token id {self.max_token_id}, but the"
                 f" {getattr(model_config, 'model_type', '')} model embeds {vocabulary} tokens"
                 " (vocab_size). Fix: tokenize with the checkpoint's own tokenizer"
@@ -368,7 +370,7 @@ class Batches:
 
         wants = f"the model takes {shown(expected)} (None: any size)"
         if not set(features) & set(expected):
-            raise ValueError(
+            raise InputError(
                 f"{self.name} give {shown(shapes)}, none of the model's inputs: {wants}. Fix:"
                 " name the features as the model's inputs (the tokenizer's or image"
                 " processor's own output names)."
@@ -382,7 +384,7 @@ class Batches:
                 not other_rank and len(want) == 4 and None not in (want[1], shape[1])
             ) and shape[1] != want[1]
             if other_rank or other_channels:
-                raise ValueError(
+                raise InputError(
                     f"{self.name} give {name} of shape {_shape_text(shape)} (rows first),"
                     f" but {wants}. Fix: batch the data (rows x width for text, rows x"
                     " channels x height x width for images, as the checkpoint's processor"
@@ -390,7 +392,7 @@ class Batches:
                 )
         widths = {k: shapes[k] for k in TOKEN_COLUMNS if k in shapes and len(shapes[k]) == 2}
         if len({shape[1] for shape in widths.values() if shape[1] is not None}) > 1:
-            raise ValueError(
+            raise InputError(
                 f"{self.name} give per-token columns of different widths in one batch"
                 f" ({shown(widths)}). Fix: pad every per-token column of a row to the same"
                 " width (one tokenizer call with padding)."
@@ -453,7 +455,7 @@ def as_dataset(data, name: str = "data"):
         return data.dataset(0)
     if isinstance(data, tf.data.Dataset):
         return data
-    raise TypeError(
+    raise InputTypeError(
         f"{name} must be a pipeline.Batches (what every tpu_helpers builder returns) or a"
         f" tf.data.Dataset of global batches, not {type(data).__name__}. Fix: build it with"
         " text.text_batches, records.read_records, images.image_batches ..., or wrap your own"
@@ -465,7 +467,7 @@ def require_batches(data, where: str) -> Batches:
     """``data`` if it is a ``Batches``; else a ``TypeError`` naming the builders."""
     if isinstance(data, Batches):
         return data
-    raise TypeError(
+    raise InputTypeError(
         f"{where} takes a pipeline.Batches, not {type(data).__name__}: it needs each epoch"
         " from any step (to resume) and its number of steps. Fix: build the data with"
         " text.text_batches, records.read_records, images.image_batches,"
@@ -514,7 +516,7 @@ def from_arrays(
     labels = np.asarray(labels)
     n = len(labels)
     if n == 0 or any(len(v) != n for v in features.values()):
-        raise ValueError(
+        raise InputError(
             f"{name}: {n} labels and features of {[len(v) for v in features.values()]} rows."
             " Fix: one label per row, and at least one row."
         )

@@ -15,6 +15,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from tpu_helpers.errors import InputError, InputTypeError
+
 __all__ = [
     "METRICS_MIME",
     "publish_metrics",
@@ -57,7 +59,7 @@ def _figure(name: str, value) -> float | int | str | bool:
         return round(value, 4)
     if isinstance(value, (int, str, bool)):
         return value
-    raise TypeError(
+    raise InputTypeError(
         f"Metric {name}={value!r} is a {type(value).__name__}; a metric is one number or"
         f" string. Fix: publish one figure, e.g. {name}=float(values[-1]) for the last epoch."
     )
@@ -160,12 +162,12 @@ def build_report(
     each notebook (default its file name; ``tf/01_x.ipynb`` tells two tracks' 01 apart).
     """
     if isinstance(notebooks, (str, os.PathLike)):
-        raise TypeError(
+        raise InputTypeError(
             f"notebooks={str(notebooks)!r} is one path; build_report takes a list of them."
             f" Fix: build_report([{str(notebooks)!r}], out_dir)."
         )
     if names is not None and len(names) != len(notebooks):
-        raise ValueError(f"{len(names)} names for {len(notebooks)} notebooks: give one each.")
+        raise InputError(f"{len(names)} names for {len(notebooks)} notebooks: give one each.")
     summaries = [summarize_notebook(p) for p in notebooks]
     for summary, name in zip(summaries, names or [], strict=False):
         summary["name"] = name

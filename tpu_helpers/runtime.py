@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from tpu_helpers._env import distribution_version
-from tpu_helpers.errors import InstallError
+from tpu_helpers.errors import InputError, InstallError
 from tpu_helpers.families import KERAS3
 
 __all__ = [
@@ -473,7 +473,7 @@ def pip_argv(command: str, python: str | None = None) -> list[str]:
     """
     argv = shlex.split(command)
     if not argv or argv[0] != "pip":
-        raise ValueError(f"not a pip command: {command!r}")
+        raise InputError(f"not a pip command: {command!r}")
     return [python or sys.executable, "-m", "pip", *argv[1:]]
 
 
@@ -577,7 +577,7 @@ def install(
     from tpu_helpers._env import prepare_environment
 
     if engine not in ENGINES:
-        raise ValueError(
+        raise InputError(
             f"engine={engine!r} is not one of {ENGINES}. Fix: engine='tf' or 'keras3'."
         )
     facts = facts or detect_runtime()

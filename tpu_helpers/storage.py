@@ -11,6 +11,8 @@ import os
 import re
 import tempfile
 
+from tpu_helpers.errors import InputError, InputTypeError, MissingFileError
+
 __all__ = [
     "SHARED_SCHEMES",
     "is_remote",
@@ -39,14 +41,14 @@ def check_folder(path, what: str = "directory") -> None:
     ends. Local folders (``outputs/run``, ``/kaggle/working``, a mounted Drive) pass."""
     text = str(path)
     if text != text.strip():
-        raise ValueError(f"{what}={path!r} has spaces at its ends. Fix: {text.strip()!r}.")
+        raise InputError(f"{what}={path!r} has spaces at its ends. Fix: {text.strip()!r}.")
     url = re.match(r"([A-Za-z][\w+.-]+):(/{0,2})(.*)", text)
     if url is None or (url.group(1).lower() not in _SCHEMES and url.group(2) != "//"):
         return  # a local path (``C:\\`` too: a drive's letter is no scheme)
     name, slashes, rest = url.groups()
     scheme = "gs" if name.lower() in ("gs", "gcs") else name.lower()
     if slashes != "//" or scheme != name:
-        raise ValueError(
+        raise InputError(
             f"{what}={path!r} is neither a local folder nor a well-formed URL: saves there"
             f" would go to a local folder of that name, lost with the runtime. Fix:"
             f" {scheme}://{rest.lstrip('/')!s}, or a local folder."
@@ -55,7 +57,7 @@ def check_folder(path, what: str = "directory") -> None:
 
     registered = [s for s in tf.io.gfile.get_registered_schemes() if s]
     if scheme not in registered:
-        raise ValueError(
+        raise InputError(
             f"{what}={path!r}: TensorFlow here cannot write {scheme}:// paths (it writes"
             f" {', '.join(f'{s}://' for s in sorted(registered))} and local folders). Fix: a"
             " gs://bucket/folder, or a local folder (on Colab a mounted Drive:"
@@ -63,7 +65,7 @@ def check_folder(path, what: str = "directory") -> None:
         )
     bucket = rest.split("/", 1)[0]
     if scheme == "gs" and not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", bucket):
-        raise ValueError(
+        raise InputError(
             f"{what}={path!r}: {bucket!r} is not a Cloud Storage bucket name (lowercase"
             " letters, digits, dashes, underscores and dots, 3 to 63 characters). Fix:"
             " gs://<your-bucket>/<folder>."
@@ -87,7 +89,7 @@ def copy_tree(source: str, target: str) -> list[str]:
     import tensorflow as tf
 
     if not tf.io.gfile.isdir(source):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"There is no folder {source} to copy. Fix: check the path (save_pretrained or"
             " the training run writes it)."
         )
@@ -115,7 +117,7 @@ def save_pretrained(output_dir: str, *objects) -> list[str]:
     PyTorch, transformers 5 and KerasHub load too."""
     unsavable = [type(o).__name__ for o in objects if not hasattr(o, "save_pretrained")]
     if not objects or unsavable:
-        raise TypeError(
+        raise InputTypeError(
             f"save_pretrained saves objects that have .save_pretrained (models, tokenizers,"
             f" processors); got {unsavable or 'nothing'}. Fix:"
             " save_pretrained(output_dir, model, tokenizer)."
@@ -150,7 +152,7 @@ def local_copy(path: str) -> str:
     import tensorflow as tf
 
     if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(f"{path} does not exist. Fix: check the bucket and prefix.")
+        raise MissingFileError(f"{path} does not exist. Fix: check the bucket and prefix.")
     staging = tempfile.mkdtemp(prefix="tpu_helpers-")
     if not tf.io.gfile.isdir(path):
         local = os.path.join(staging, path.rstrip("/").rsplit("/", 1)[-1])

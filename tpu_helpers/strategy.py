@@ -17,7 +17,13 @@ from collections.abc import Callable, Mapping
 
 from tpu_helpers._env import distribution_version
 from tpu_helpers.checks import first_line
-from tpu_helpers.errors import TpuHelpersError
+from tpu_helpers.errors import (
+    EngineError,
+    InputError,
+    InputTypeError,
+    TimedOutError,
+    TpuHelpersError,
+)
 from tpu_helpers.runtime import MAIN_TRACK, RuntimeFacts, detect_runtime
 
 __all__ = [
@@ -94,7 +100,7 @@ def _within(seconds: float, what: str, work: Callable[[], object]):
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
-        raise TimeoutError(f"{what} did not finish within {seconds:g} s")
+        raise TimedOutError(f"{what} did not finish within {seconds:g} s")
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("value")
@@ -174,7 +180,7 @@ def _simulated_cpu_strategy(replicas: int):
             )
         except RuntimeError as err:
             have = len(tf.config.list_logical_devices("CPU"))
-            raise RuntimeError(
+            raise EngineError(
                 f"Cannot split the CPU into simulated_replicas={replicas} devices: TensorFlow"
                 f" has already initialised its devices ({have} logical CPU device(s)). Fix:"
                 " restart the runtime (Runtime -> Restart session, or a new Python process)"
@@ -219,12 +225,12 @@ def connect(
     CPU (2 simulated replicas) | replicas 2 | TF 2.21.0 | tf-keras 2.21.0 | ...
     """
     if tpu is not None and not isinstance(tpu, str):
-        raise TypeError(
+        raise InputTypeError(
             f"tpu={tpu!r} ({type(tpu).__name__}) must name a TPU. Fix: a name such as"
             " 'local' or 'my-tpu-v4-32', 'grpc://host:8470', or None to find the runtime's own."
         )
     if not isinstance(simulated_replicas, int) or simulated_replicas < 0:
-        raise ValueError(
+        raise InputError(
             f"simulated_replicas={simulated_replicas!r} is not a replica count. Fix: pass an"
             " integer >= 1 (8 mimics a v2-8/v3-8 TPU), or 0 for the default strategy."
         )

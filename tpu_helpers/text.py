@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tpu_helpers.errors import InputError, InputTypeError
 from tpu_helpers.families import OFFSET_POSITIONS
 from tpu_helpers.validate import check_boundaries, check_labels, check_positive, check_present
 
@@ -66,20 +67,20 @@ def load_text_dataset(
     try:
         data = load_dataset(name_or_path, config) if config else load_dataset(name_or_path)
     except FileNotFoundError as err:
-        raise ValueError(
+        raise InputError(
             f"Could not load data set {name_or_path!r} (config {config!r}): {err}. Fix: pass a"
             " hub name such as 'glue' with config 'cola', or a local folder that"
             " datasets.load_dataset can read (python -m tpu_helpers fixtures DIR writes one)."
         ) from err
     for split in splits:
         if split not in data:
-            raise ValueError(
+            raise InputError(
                 f"Data set {name_or_path!r} has no split {split!r}; it has {sorted(data)}."
                 " Fix: pass the split names it has."
             )
         missing = [c for c in columns if c not in data[split].column_names]
         if missing:
-            raise ValueError(
+            raise InputError(
                 f"Split {split!r} of {name_or_path!r} has no column {missing[0]!r}; its columns"
                 f" are {data[split].column_names}. Fix: rename the column"
                 f" (dataset.rename_column) or name it in columns= (a notebook's text_column"
@@ -102,7 +103,7 @@ def position_limit(model_config) -> int | None:
     512
     """
     if not hasattr(model_config, "model_type"):
-        raise TypeError(
+        raise InputTypeError(
             f"position_limit needs a model config, got {type(model_config).__name__}. Fix:"
             " pass AutoConfig.from_pretrained(checkpoint) or model.config (a tokenizer's"
             " model_max_length is a default for truncation, not the model's limit)."
@@ -131,7 +132,7 @@ def check_max_length(max_length: int, model_config, *, log=print) -> int:
             " how long its training sequences were."
         )
     elif max_length > limit:
-        raise ValueError(
+        raise InputError(
             f"max_length={max_length} exceeds the {model_config.model_type} model's limit of"
             f" {limit} positions. Fix: max_length <= {limit}."
         )
@@ -160,7 +161,7 @@ def tokenize(
     names = getattr(dataset, "column_names", None)
     missing = [c for c in columns if names is not None and c not in names]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"The data has no column {missing[0]!r} to tokenize; its columns are {names}."
             " Fix: text_column= (and text_pair_column= for pairs) naming the text columns,"
             " e.g. text_column='text' for IMDb-like data."
@@ -212,19 +213,19 @@ def choose_boundaries(
     [8, 16, 32]
     """
     if isinstance(max_shapes, bool) or not isinstance(max_shapes, int | np.integer):
-        raise ValueError(
+        raise InputError(
             f"max_shapes={max_shapes!r} is a {type(max_shapes).__name__}, not a whole number"
             " of batch widths. Fix: an int such as max_shapes=4 (each width is one XLA"
             " compilation; 2 to 8 is usual)."
         )
     if max_shapes < 1:
-        raise ValueError(
+        raise InputError(
             f"max_shapes={max_shapes} must be at least 1. Fix: an int such as max_shapes=4"
             " (each width is one XLA compilation; 2 to 8 is usual)."
         )
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
-        raise ValueError("choose_boundaries needs at least one length.")
+        raise InputError("choose_boundaries needs at least one length.")
     top = _round_up(int(lengths.max()), multiple)
     if max_length is not None:
         top = min(top, max_length)
@@ -285,7 +286,7 @@ def padding_boundaries(
         return list(range(multiple_of, top + 1, multiple_of))
     if scheme == "buckets":
         return choose_boundaries(lengths, max_shapes=max_shapes, max_length=max_length)
-    raise ValueError(f"padding scheme {scheme!r} is not one of {SCHEMES}.")
+    raise InputError(f"padding scheme {scheme!r} is not one of {SCHEMES}.")
 
 
 @dataclass(frozen=True)
@@ -314,7 +315,7 @@ def padding_report(lengths: Sequence[int], boundaries: Sequence[int]) -> Padding
     narrowest boundary that holds it (longer ones are truncated to the widest)."""
     boundaries = check_boundaries(boundaries)
     if len(lengths) == 0:
-        raise ValueError("padding_report needs at least one length. Fix: pass the split's lengths.")
+        raise InputError("padding_report needs at least one length. Fix: pass the split's lengths.")
     lengths = np.minimum(np.asarray(lengths, dtype=np.int64), boundaries[-1])
     widths = np.asarray(boundaries)[np.searchsorted(boundaries, lengths)]
     return PaddingReport(tuple(int(b) for b in boundaries), int(lengths.sum()), int(widths.sum()))
@@ -328,7 +329,7 @@ def global_batch_size(per_replica_batch: int, replicas: int) -> int:
         or not isinstance(per_replica_batch, int)
         or per_replica_batch < 1
     ):
-        raise ValueError(
+        raise InputError(
             f"per_replica_batch={per_replica_batch!r} is not a positive integer. Fix: pass the"
             f" batch for ONE replica (e.g. 8 or 16); the global batch is that x {replicas} replicas."
         )
@@ -359,7 +360,7 @@ def batch_plan(
     check_positive(global_batch=global_batch)
     lengths = np.minimum(np.asarray(lengths), boundaries[-1])
     if len(lengths) < global_batch:
-        raise ValueError(
+        raise InputError(
             f"The data set has {len(lengths)} examples, fewer than one global batch of"
             f" {global_batch}. Fix: a smaller per-replica batch or more data."
         )
@@ -429,14 +430,14 @@ def _checked_lengths(split, label_column: str) -> np.ndarray:
     ``ValueError`` that names what is missing and the fix."""
     missing = [c for c in ("input_ids", "length", label_column) if c not in _columns(split)]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"The split has no column {missing[0]!r} (it has {_columns(split)}). Fix:"
             " text.tokenize(split, tokenizer, max_length) adds input_ids and length; name"
             " the label column with label_column=."
         )
     lengths = np.asarray(split["length"])
     if not len(lengths):
-        raise ValueError(
+        raise InputError(
             "The split has no examples. Fix: check the split name and any filter applied to it."
         )
     return lengths

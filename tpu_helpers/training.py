@@ -22,6 +22,7 @@ from tpu_helpers.checkpoints import (
     RunCheckpoints,
     data_errors_explained,
 )
+from tpu_helpers.errors import InputError
 from tpu_helpers.metrics import logits_of
 from tpu_helpers.observe import current_learning_rate
 from tpu_helpers.validate import check_positive
@@ -127,7 +128,7 @@ class CustomLoop:
         )
         if rows is not None:
             if rows * replicas != self.global_batch:
-                raise ValueError(
+                raise InputError(
                     f"Each replica got a batch of {rows} rows ({rows * replicas} per step),"
                     f" but {message}: every gradient would be scaled by"
                     f" {rows * replicas}/{self.global_batch}. Fix: pass the global batch"
@@ -223,7 +224,7 @@ class CustomLoop:
 
         train = require_batches(train, "CustomLoop.fit")
         if train.global_batch != self.global_batch:
-            raise ValueError(
+            raise InputError(
                 f"The batches have {train.global_batch} rows per step, the loop divides the"
                 f" loss by global_batch={self.global_batch}: every gradient would be scaled"
                 f" by {train.global_batch}/{self.global_batch}. Fix: one global batch for"

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tpu_helpers.errors import InputError
+
 __all__ = [
     "INT32",
     "check_positive",
@@ -39,7 +41,7 @@ def check_positive(**counts) -> None:
     """
     for name, value in counts.items():
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(
+            raise InputError(
                 f"{name}={value!r} must be a positive integer. Fix: pass a whole number of 1"
                 " or more."
             )
@@ -60,7 +62,7 @@ def check_learning_rate(learning_rate) -> None:
         learning_rate, bool
     )
     if not (number and np.isfinite(learning_rate) and learning_rate > 0):
-        raise ValueError(
+        raise InputError(
             f"learning_rate={learning_rate!r} must be a number above 0 (a negative or zero"
             " rate climbs the loss or stands still). Fix: 3e-5 to fine-tune a base"
             " checkpoint, 1e-3 for a tiny one trained from scratch."
@@ -80,7 +82,7 @@ def check_same_length(**columns) -> int:
     (first, rows), *rest = lengths
     for name, n in rest:
         if n != rows:
-            raise ValueError(
+            raise InputError(
                 f"{first} has {rows} rows but {name} has {n}. Fix: pass one value of {name}"
                 f" per row of {first} (the same rows, in the same order)."
             )
@@ -98,14 +100,14 @@ def check_token_counts(lengths, column: str = "lengths") -> np.ndarray:
     """
     array = np.asarray(lengths)
     if array.size and array.dtype.kind not in "iu":
-        raise ValueError(
+        raise InputError(
             f"{column} holds {array.dtype} values ({array.reshape(-1)[0]!r} at row 0), not"
             f" token counts. Fix: {column}=[len(ids) for ids in input_ids]."
         )
     bad = np.flatnonzero(array < 1)
     if len(bad):
         row = int(bad[0])
-        raise ValueError(
+        raise InputError(
             f"{column} has {int(array[row])} at row {row}: every example needs at least one"
             " token. Fix: drop empty examples before packing"
             " (dataset.filter(lambda x: len(x['input_ids']) > 0))."
@@ -124,7 +126,7 @@ def check_present(values, column: str, first_row: int = 0) -> None:
     """
     missing = np.flatnonzero([v is None for v in values])
     if len(missing):
-        raise ValueError(
+        raise InputError(
             f"Column {column!r} has a missing value (None) at row {first_row + int(missing[0])}"
             f" ({len(missing)} in all here). Fix: fill or drop those rows"
             f" (dataset.filter(lambda x: x[{column!r}] is not None))."
@@ -157,13 +159,13 @@ def check_labels(labels, num_labels: int | None = None, column: str = "label") -
         bad = np.flatnonzero(~np.isfinite(array) | (array != np.round(array)))
         if len(bad):
             row = int(bad[0])
-            raise ValueError(
+            raise InputError(
                 f"Column {column!r} has label {float(array[row])} at row {row}: class labels are"
                 " whole numbers. Fix: fill missing labels or drop those rows, then cast the"
                 " column to int (dataset.cast_column)."
             )
     elif array.dtype.kind not in "iub":
-        raise ValueError(
+        raise InputError(
             f"Column {column!r} holds {array.dtype} values ({array.reshape(-1)[0]!r} at row 0),"
             " not class numbers. Fix: map the names to ids (ClassLabel.str2int) first."
         )
@@ -180,7 +182,7 @@ def check_labels(labels, num_labels: int | None = None, column: str = "label") -
             if value < 0
             else f" Fix: num_labels={int(array.max()) + 1} for the model, or check the column."
         )
-        raise ValueError(f"Column {column!r} has label {value} at row {row}, outside {span}.{fix}")
+        raise InputError(f"Column {column!r} has label {value} at row {row}, outside {span}.{fix}")
     return array.astype(np.int32)
 
 
@@ -193,20 +195,20 @@ def check_boundaries(boundaries: Sequence[int]) -> list[int]:
     """
     widths = list(boundaries) if boundaries is not None else []
     if not widths:
-        raise ValueError("boundaries is empty. Fix: text.choose_boundaries(lengths).")
+        raise InputError("boundaries is empty. Fix: text.choose_boundaries(lengths).")
     if not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in widths):
         try:
             shown = [float(w) for w in widths]
             rounded = sorted({int(np.ceil(w / 8)) * 8 for w in shown})
         except (TypeError, ValueError):
-            raise ValueError(f"boundaries={widths} must be whole numbers of tokens.") from None
-        raise ValueError(
+            raise InputError(f"boundaries={widths} must be whole numbers of tokens.") from None
+        raise InputError(
             f"boundaries={shown} must be whole numbers of tokens (np.percentile and np.mean"
             f" give floats). Fix: round them up to multiples of 8: boundaries={rounded}."
         )
     if any(w < 1 for w in widths) or any(b <= a for a, b in zip(widths, widths[1:], strict=False)):
         good = sorted({int(w) for w in widths if w >= 1})
-        raise ValueError(
+        raise InputError(
             f"boundaries={widths} must be positive and increasing (each batch takes the"
             f" narrowest width its rows fit). Fix: boundaries={good}."
         )
@@ -217,7 +219,7 @@ def check_int32(low: int, high: int, column: str) -> None:
     """``ValueError`` when ``[low, high]`` does not fit int32 (what a TPU model takes)."""
     if low < INT32[0] or high > INT32[1]:
         value = low if low < INT32[0] else high
-        raise ValueError(
+        raise InputError(
             f"Column {column!r} holds {value}, beyond the int32 range the reader casts"
             " integers to (values would wrap around). Fix: store it as float or bytes, or"
             " map it to smaller ids before writing."

@@ -20,7 +20,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 from tpu_helpers.checks import FAIL, PASS, SKIP, WARN, Check, first_line
-from tpu_helpers.errors import TpuHelpersError
+from tpu_helpers.errors import (
+    EngineError,
+    InputError,
+    InputTypeError,
+    NotFoundError,
+    TpuHelpersError,
+)
 from tpu_helpers.metrics import logits_of
 from tpu_helpers.validate import check_positive
 
@@ -119,7 +125,7 @@ def shape_report(dataset, n: int = 50) -> ShapeReport:
     if isinstance(dataset, Batches):
         dataset = dataset.dataset(0)
     if not hasattr(dataset, "take") and not hasattr(dataset, "__iter__"):
-        raise TypeError(
+        raise InputTypeError(
             f"shape_report reads batches from a tf.data.Dataset or an iterable of batches, not"
             f" a {type(dataset).__name__}. Fix: pass the dataset the model trains on."
         )
@@ -319,14 +325,14 @@ def tracing_count(function) -> int:
     """
     fn = getattr(function, "train_function", function)
     if fn is None:
-        raise ValueError("The model has no train_function yet: call fit first.")
+        raise InputError("The model has no train_function yet: call fit first.")
     inner = getattr(fn, "experimental_get_tracing_count", None)
     if inner is None:  # Keras wraps the tf.function when steps_per_execution > 1
         inner = getattr(
             getattr(fn, "python_function", None), "experimental_get_tracing_count", None
         )
     if inner is None:
-        raise TypeError(f"{fn!r} is not a tf.function.")
+        raise InputTypeError(f"{fn!r} is not a tf.function.")
     return int(inner())
 
 
@@ -356,7 +362,7 @@ class PreflightReport:
         for check in self.checks:
             if check.name == name:
                 return check
-        raise KeyError(name)
+        raise NotFoundError(f"no check named {name!r}: {[c.name for c in self.checks]}")
 
     def __str__(self) -> str:
         head = "preflight: " + (
@@ -785,7 +791,7 @@ def _check_preflight_call(dataset, batches: int) -> None:
 
     check_positive(batches=batches)
     if tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy():
-        raise RuntimeError(
+        raise EngineError(
             "preflight builds a one-device copy of the model: call it outside strategy.scope()."
         )
 
@@ -835,7 +841,7 @@ def preflight(
     if not checks:
         taken = list(dataset.take(batches))
         if not taken:
-            raise ValueError("The dataset is empty. Fix: check its source.")
+            raise InputError("The dataset is empty. Fix: check its source.")
         replicas = strategy.num_replicas_in_sync if strategy is not None else replicas
         checks.append(_static_batch_check(specs))
         if replicas:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tpu_helpers.errors import InputError, InputTypeError
+
 # --- the tf.train.Example wire format --------------------------------------------------
 # Example{features=1: Features{feature=1 (map entry: key=1, value=2): Feature{
 #   bytes_list=1 | float_list=2 | int64_list=3: XList{value=1 (packed for numbers)}}}}
@@ -191,7 +193,7 @@ def _dtype_of(values: np.ndarray, name: str) -> str:
         return "float32"
     if values.dtype.kind in "SUO":
         return "bytes"
-    raise TypeError(
+    raise InputTypeError(
         f"Column {name!r} has dtype {values.dtype}, which a tf.train.Example cannot hold."
         " Fix: convert it to integers, floats or bytes, or leave it out with columns=[...]."
     )
@@ -211,7 +213,7 @@ def as_column(name: str, values, first_row: int = 0) -> tuple[str, bool, object,
     """``(dtype, scalar, flat values, row lengths)`` of one column of a chunk."""
     missing = _missing_row(values)
     if missing is not None:
-        raise ValueError(
+        raise InputError(
             f"Column {name!r} has a missing value at row {first_row + missing}: written as is,"
             " an integer column would turn into floats and read back as NaN. Fix: fill or"
             " drop those rows before writing (dataset.filter(lambda x: x[name] is not None))."
@@ -253,7 +255,7 @@ def _from_arrow(column):
     column = column.combine_chunks()
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
         if column.null_count:
-            raise ValueError("A list column has missing (null) rows. Fix: fill or drop them.")
+            raise InputError("A list column has missing (null) rows. Fix: fill or drop them.")
         offsets = column.offsets.to_numpy()
         values = column.values.slice(offsets[0], offsets[-1] - offsets[0])
         if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
@@ -290,7 +292,7 @@ def row_chunks(examples, chunk_size: int, columns: Sequence[str] | None):
         names = list(columns or examples.column_names)
         missing = [c for c in names if c not in examples.column_names]
         if missing:
-            raise ValueError(
+            raise InputError(
                 f"The data set has no column {missing[0]!r}; its columns are"
                 f" {examples.column_names}. Fix: pass columns=[...] from those."
             )
@@ -306,14 +308,14 @@ def row_chunks(examples, chunk_size: int, columns: Sequence[str] | None):
         elif not columns and len(row) != len(names):
             extra = sorted(set(row) - set(names))
             if extra:
-                raise ValueError(
+                raise InputError(
                     f"Example {count} has columns {extra} that example 0 has not (it has"
                     f" {sorted(names)}). Fix: give every row the same columns, or choose them"
                     " with columns=[...]."
                 )
         for c in names:
             if c not in row:
-                raise ValueError(
+                raise InputError(
                     f"Example {count} has no column {c!r}; it has {sorted(row)}. Fix: give"
                     " every row the same columns, or choose them with columns=[...]."
                 )

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tpu_helpers.errors import InputError
 from tpu_helpers.pipeline import STREAMS, Batches, seed_pair, seeded_shuffle
 from tpu_helpers.records.layout import RecordsError
 from tpu_helpers.records.plan import (
@@ -154,7 +155,7 @@ def read_records(
     one_host = plan_reads(source, global_batch, boundaries)
     _say_what_the_plan_costs(one_host, 0, 1, log)
     if one_host.steps_per_epoch == 0:
-        raise ValueError(f"The records make no batch of {global_batch}. Fix: check the source.")
+        raise InputError(f"The records make no batch of {global_batch}. Fix: check the source.")
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % 2**31)
     reading = _Reading(

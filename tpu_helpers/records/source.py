@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpu_helpers.checks import first_line
+from tpu_helpers.errors import InputError, MissingFileError
 from tpu_helpers.records.layout import (
     DTYPES,
     FORMAT,
@@ -49,14 +50,14 @@ def load_metadata(path: str) -> dict:
     if tf.io.gfile.isdir(path):
         found = tf.io.gfile.glob(f"{path}/*.metadata.json")
         if len(found) != 1:
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"{path} holds {len(found)} metadata files"
                 f" ({[p.rsplit('/', 1)[-1] for p in found]}). Fix: pass the path of one"
                 " <split>.metadata.json, or files= and spec= for records without metadata."
             )
         path = found[0]
     if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(f"{path} does not exist. Fix: check the path or bucket.")
+        raise MissingFileError(f"{path} does not exist. Fix: check the path or bucket.")
     with tf.io.gfile.GFile(path) as f:
         try:
             metadata = json.load(f)
@@ -279,7 +280,7 @@ def open_records(
     import tensorflow as tf
 
     if on_corrupt not in ("raise", "skip"):
-        raise ValueError(f"on_corrupt={on_corrupt!r}: use 'raise' or 'skip'.")
+        raise InputError(f"on_corrupt={on_corrupt!r}: use 'raise' or 'skip'.")
     metadata = None
     if isinstance(source, str) and (
         source.endswith(".metadata.json")
@@ -319,14 +320,14 @@ def _files_without_metadata(source, spec: Mapping | None) -> tuple[list[Shard], 
         pattern, files = str(list(source)), list(source)
         absent = [f for f in files if not tf.io.gfile.exists(f)]
         if absent:
-            raise FileNotFoundError(f"{absent[0]} does not exist. Fix: check the path.")
+            raise MissingFileError(f"{absent[0]} does not exist. Fix: check the path.")
     if not files:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"No record files match {pattern}. Fix: check the path (gs:// paths need the"
             " bucket name), or write the records first with write_records."
         )
     if spec is None:
-        raise ValueError(
+        raise InputError(
             f"{pattern} has no metadata file, so the feature spec is unknown. Fix: pass"
             " spec={'input_ids': {'dtype': 'int64', 'shape': [128]}, ...}."
         )

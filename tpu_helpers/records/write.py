@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tpu_helpers.errors import ExistingFileError, InputError
 from tpu_helpers.records.encode import Column, as_column, encode_examples, row_chunks
 from tpu_helpers.records.layout import (
     DEFAULT_SHARD_BYTES,
@@ -54,15 +55,15 @@ def _remove_tree(path: str) -> None:
 
 def _check_write_options(compression, shard_bytes, shard_records, group_lengths) -> None:
     if compression not in (None, "GZIP"):
-        raise ValueError(f"compression={compression!r}: use None or 'GZIP'.")
+        raise InputError(f"compression={compression!r}: use None or 'GZIP'.")
     if shard_records is not None and shard_records < 1:
-        raise ValueError(f"shard_records={shard_records} must be a positive number of records.")
+        raise InputError(f"shard_records={shard_records} must be a positive number of records.")
     if group_lengths is not None and (
         isinstance(group_lengths, bool) or not isinstance(group_lengths, int) or group_lengths < 1
     ):
-        raise ValueError(f"group_lengths={group_lengths!r} must be a positive integer or None.")
+        raise InputError(f"group_lengths={group_lengths!r} must be a positive integer or None.")
     if shard_records is None and (shard_bytes is None or shard_bytes < 1):
-        raise ValueError(f"shard_bytes={shard_bytes} must be a positive size in bytes.")
+        raise InputError(f"shard_bytes={shard_bytes} must be a positive size in bytes.")
 
 
 def _typed_chunk(chunk: Mapping, info: dict[str, Column], first_row: int) -> dict:
@@ -75,7 +76,7 @@ def _typed_chunk(chunk: Mapping, info: dict[str, Column], first_row: int) -> dic
         if known is None:
             known = info[name] = Column(dtype, scalar, Counter())
         elif (known.dtype, known.scalar) != (dtype, scalar):
-            raise ValueError(
+            raise InputError(
                 f"Column {name!r} changes type at row {first_row}: {known.dtype}"
                 f"{'' if known.scalar else ' list'} before, {dtype}"
                 f"{'' if scalar else ' list'} now. Fix: cast the column to one type."
@@ -83,7 +84,7 @@ def _typed_chunk(chunk: Mapping, info: dict[str, Column], first_row: int) -> dic
         known.see(flat)
         encoded[name] = (dtype, flat, lengths)
     if set(encoded) != set(info):
-        raise ValueError(
+        raise InputError(
             f"Rows from {first_row} have columns {sorted(encoded)}, earlier rows"
             f" {sorted(info)}. Fix: give every example the same columns."
         )
@@ -263,7 +264,7 @@ def write_records(
     written = _write_chunks(rows, shards, info, group_lengths, total, progress)
     if not written:
         _remove_tree(staging)
-        raise ValueError(
+        raise InputError(
             "There were no examples to write. Fix: check the data set or split"
             + (" (the existing records were kept)." if before[1] else ".")
         )
@@ -289,7 +290,7 @@ def _refuse_existing(output_dir: str, split: str, before: tuple, overwrite: bool
     """``FileExistsError`` when ``output_dir`` holds the split already and ``overwrite``
     was not asked for."""
     if (before[0] is not None or before[1]) and not overwrite:
-        raise FileExistsError(
+        raise ExistingFileError(
             f"{output_dir} already holds records of split {split!r}"
             f" ({len(before[1])} shard(s)). Fix: another output_dir or split, or"
             " overwrite=True to replace them (the old ones stay until the new ones are"
@@ -338,7 +339,7 @@ def _commit(staging: str, output_dir: str, split: str, before: tuple, files: lis
     now = _split_state(output_dir, split)
     if now != before:
         _remove_tree(staging)
-        raise FileExistsError(
+        raise ExistingFileError(
             f"Another writer changed split {split!r} in {output_dir} while this one was"
             " writing; its records were kept and this write was dropped. Fix: give each"
             " writer its own output_dir or split, or write again to replace them."
