@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from tpu_helpers import pipeline
+from tpu_helpers import families, pipeline
 
 BATCH = 8
 
@@ -268,7 +268,7 @@ def test_rows_wider_than_the_models_positions_are_refused_before_any_step(fixtur
     from tpu_helpers.checkpoints import fit_resumable
 
     model = _compiled_classifier(fixtures_dir)
-    limit = text.position_limit(model.config)
+    limit = families.position_limit(model.config)
     split, _ = _tokenized(fixtures_dir)
     wide = text.text_batches(split, global_batch=BATCH, boundaries=[16, limit + 8])
     with pytest.raises(ValueError, match=rf"up to {limit + 8} tokens.*embeds {limit}.*Fix"):

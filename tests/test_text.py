@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import assert_same_batches, numpy_batches
-from tpu_helpers import hub, text
+from tpu_helpers import families, hub, text
 
 
 def brute_force_best(lengths, max_shapes, multiple=8):
@@ -143,22 +143,24 @@ def test_max_length_against_the_model_limit():
 def test_position_limits_of_real_configs():
     from transformers import AutoConfig, DebertaV2Config
 
-    assert text.position_limit(AutoConfig.for_model("bert")) == 512
+    assert families.position_limit(AutoConfig.for_model("bert")) == 512
     roberta = AutoConfig.for_model("roberta", max_position_embeddings=514)
-    assert text.position_limit(roberta) == 512  # 514 less the offset of pad_token_id + 1
-    assert text.position_limit(AutoConfig.for_model("mpnet", max_position_embeddings=514)) == 512
-    assert text.position_limit(AutoConfig.for_model("gpt2")) == 1024
+    assert families.position_limit(roberta) == 512  # 514 less the offset of pad_token_id + 1
+    assert (
+        families.position_limit(AutoConfig.for_model("mpnet", max_position_embeddings=514)) == 512
+    )
+    assert families.position_limit(AutoConfig.for_model("gpt2")) == 1024
     small = AutoConfig.for_model("distilbert", max_position_embeddings=64)
     with pytest.raises(ValueError, match="limit of 64 positions"):
         text.check_max_length(128, small)
-    assert text.position_limit(DebertaV2Config(position_biased_input=False)) is None
+    assert families.position_limit(DebertaV2Config(position_biased_input=False)) is None
 
 
 def test_a_model_without_a_position_limit_takes_max_length_as_given():
     from transformers import AutoConfig
 
     funnel = AutoConfig.for_model("funnel")  # relative attention: no max_position_embeddings
-    assert text.position_limit(funnel) is None
+    assert families.position_limit(funnel) is None
     said = []
     assert text.check_max_length(4096, funnel, log=said.append) == 4096
     assert len(said) == 1 and "funnel model names no position limit" in said[0], said

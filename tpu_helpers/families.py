@@ -21,7 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpu_helpers.errors import InputTypeError
+
 __all__ = [
+    "position_limit",
     "Family",
     "Head",
     "MlmHead",
@@ -252,3 +255,33 @@ MLM = tuple(name for name, f in FAMILIES.items() if f.mlm is not None)
 KERAS3_PACKED = tuple(name for name in KERAS3 if "input_ids" in FAMILIES[name].keras3.inputs)
 PACKED = tuple(sorted(name for name, f in FAMILIES.items() if f.packed is not None))
 OFFSET_POSITIONS = frozenset(name for name, f in FAMILIES.items() if f.offset_positions)
+
+
+def position_limit(model_config) -> int | None:
+    """How many token positions a model can embed: ``max_position_embeddings`` (or
+    ``n_positions``), less RoBERTa-style offsets; ``None`` for models without absolute
+    positions (DeBERTa-v2 with ``position_biased_input=False``, Funnel and other configs
+    that name no limit).
+
+    Needs a model config (``AutoConfig.from_pretrained(checkpoint)`` or ``model.config``):
+    anything else, a tokenizer for instance, raises ``TypeError`` instead of passing.
+
+    >>> from types import SimpleNamespace as Config
+    >>> position_limit(Config(model_type="roberta", max_position_embeddings=514, pad_token_id=1))
+    512
+    """
+    if not hasattr(model_config, "model_type"):
+        raise InputTypeError(
+            f"position_limit needs a model config, got {type(model_config).__name__}. Fix:"
+            " pass AutoConfig.from_pretrained(checkpoint) or model.config (a tokenizer's"
+            " model_max_length is a default for truncation, not the model's limit)."
+        )
+    if getattr(model_config, "position_biased_input", True) is False:
+        return None  # relative positions only
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        limit = getattr(model_config, name, None)
+        if isinstance(limit, int) and limit > 0:
+            if model_config.model_type in OFFSET_POSITIONS:
+                limit -= (getattr(model_config, "pad_token_id", None) or 0) + 1
+            return limit
+    return None

@@ -156,7 +156,7 @@ def check_model_fits(config, tokenizer, block_size: int) -> None:
     """``ValueError`` before any training step when the model cannot take these blocks: a
     tokenizer without a mask token, ids beyond the model's vocabulary, blocks longer than
     its position embeddings."""
-    from tpu_helpers.text import position_limit
+    from tpu_helpers.families import position_limit
 
     _require_mask_token(tokenizer)
     if len(tokenizer) > config.vocab_size:

@@ -285,11 +285,11 @@ class Batches:
         return replace(self, build=lambda e, s, c: transform(build(e, s, c)))
 
     def check_positions(self, model_config) -> None:
-        """Refuse rows wider than the model's positions (``text.position_limit``) before
+        """Refuse rows wider than the model's positions (``families.position_limit``) before
         any step: inside the run it is an error of the embeddings layer, or silent."""
         if self.max_width is None or model_config is None:
             return
-        from tpu_helpers.text import position_limit
+        from tpu_helpers.families import position_limit
 
         limit = position_limit(model_config) if hasattr(model_config, "model_type") else None
         if limit is not None and self.max_width > limit:

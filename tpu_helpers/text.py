@@ -25,15 +25,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpu_helpers.errors import InputError, InputTypeError
-from tpu_helpers.families import OFFSET_POSITIONS
+from tpu_helpers.errors import InputError
+from tpu_helpers.families import OFFSET_POSITIONS, position_limit
 from tpu_helpers.validate import check_boundaries, check_labels, check_positive, check_present
 
 __all__ = [
     "SCHEMES",
     "load_text_dataset",
     "OFFSET_POSITIONS",
-    "position_limit",
     "check_max_length",
     "tokenize",
     "choose_boundaries",
@@ -87,36 +86,6 @@ def load_text_dataset(
                 f" and text_pair_column parameters)."
             )
     return data
-
-
-def position_limit(model_config) -> int | None:
-    """How many token positions a model can embed: ``max_position_embeddings`` (or
-    ``n_positions``), less RoBERTa-style offsets; ``None`` for models without absolute
-    positions (DeBERTa-v2 with ``position_biased_input=False``, Funnel and other configs
-    that name no limit).
-
-    Needs a model config (``AutoConfig.from_pretrained(checkpoint)`` or ``model.config``):
-    anything else, a tokenizer for instance, raises ``TypeError`` instead of passing.
-
-    >>> from types import SimpleNamespace as Config
-    >>> position_limit(Config(model_type="roberta", max_position_embeddings=514, pad_token_id=1))
-    512
-    """
-    if not hasattr(model_config, "model_type"):
-        raise InputTypeError(
-            f"position_limit needs a model config, got {type(model_config).__name__}. Fix:"
-            " pass AutoConfig.from_pretrained(checkpoint) or model.config (a tokenizer's"
-            " model_max_length is a default for truncation, not the model's limit)."
-        )
-    if getattr(model_config, "position_biased_input", True) is False:
-        return None  # relative positions only
-    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
-        limit = getattr(model_config, name, None)
-        if isinstance(limit, int) and limit > 0:
-            if model_config.model_type in OFFSET_POSITIONS:
-                limit -= (getattr(model_config, "pad_token_id", None) or 0) + 1
-            return limit
-    return None
 
 
 def check_max_length(max_length: int, model_config, *, log=print) -> int:

@@ -808,7 +808,7 @@ def check_positions(
     BERT ``block_size``."""
     from transformers import AutoConfig
 
-    from tpu_helpers.text import position_limit
+    from tpu_helpers.families import position_limit
 
     if not isinstance(positions, int | np.integer) or positions < 1:
         _fail(exercise, f"positions={positions!r} must be a positive integer.")

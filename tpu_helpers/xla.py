@@ -625,7 +625,7 @@ STRATEGY_DEPENDENT = {
 def _position_checks(model, batches) -> list[Check]:
     """Widths beyond the model's positions: out-of-range lookups fail on CPU but are
     clamped under XLA, which gives wrong results without an error on a TPU."""
-    from tpu_helpers.text import position_limit
+    from tpu_helpers.families import position_limit
 
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "model_type"):
