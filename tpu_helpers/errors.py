@@ -51,6 +51,11 @@ __all__ = [
 class TpuHelpersError(Exception):
     """The root of every error ``tpu_helpers`` raises on purpose."""
 
+    #: Raised inside a ``tf.function`` (a check of a traced step), TensorFlow's autograph
+    #: lets it through as it is; without this it rewraps any exception class it does not
+    #: know into a ``StagingError``, and a caller's ``except ValueError`` misses it.
+    ag_pass_through = True
+
 
 class InputError(TpuHelpersError, ValueError):
     """A value passed in (an argument, a parameter, a row of data) cannot be used as given;
