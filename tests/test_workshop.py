@@ -249,6 +249,33 @@ def right_normalize(pixels):
     return np.moveaxis(x, -1, -3)
 
 
+def test_parse_spec_of_a_shard_written_by_hand(tmp_path, written):
+    """Notebook 03 checks the spec on a shard it wrote itself (no metadata): the features
+    are read from the first record, a gzip shard is read as gzip, and the answers the
+    source-based check refuses are refused here too."""
+    _, rows = written
+    path = str(tmp_path / "train-00000-of-00001.tfrecord")
+    with tf.io.TFRecordWriter(path, tf.io.TFRecordOptions(compression_type="GZIP")) as writer:
+        for ids, label in zip(rows["input_ids"], rows["label"], strict=True):
+            feature = {
+                "input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+            }
+            writer.write(
+                tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+            )
+    right = {
+        "input_ids": tf.io.RaggedFeature(tf.int64),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+    }
+    workshop.check_parse_spec(right, path, rows, compression="GZIP")
+    with pytest.raises(Wrong, match=r"no entry for \['label'\]"):
+        workshop.check_parse_spec({"input_ids": right["input_ids"]}, path, rows, compression="GZIP")
+    with pytest.raises(Wrong, match="parsing a record"):
+        wrong = {**right, "input_ids": tf.io.VarLenFeature(tf.float32)}
+        workshop.check_parse_spec(wrong, path, rows, compression="GZIP")
+
+
 def test_normalize():
     workshop.check_normalize(right_normalize, SPEC, pipeline_output())
     with pytest.raises(Wrong, match="Channels go first"):

@@ -133,10 +133,11 @@ tf_tpu_leg() {
 # the engine choice and install plans, the image preprocessing read without PyTorch, and
 # the main track's notebooks cell by cell in bfloat16 (their default), each leg at the
 # device count of its runtime: the Colab-shaped leg at one (Colab's free v5e-1), with the
-# sentence-pair variants; the Kaggle-shaped leg at eight (a v5e-8), without them, and the
-# two-process rehearsals of a pod slice (on loopback), which run there only: the CI
-# rehearsal of 2026-12-05 took 29.5 minutes in all with every variant at eight and the
-# rehearsals on both legs. The notebooks at eight run in a pytest of their own, without
+# sentence-pair variants (less those the main job alone runs, below); the Kaggle-shaped leg
+# at eight (a v5e-8) for the notebooks that lay out their own batches and stock runs (below),
+# without variants, and the two-process rehearsals of a pod slice (on loopback), which run
+# there only: the CI rehearsal of 2026-12-05 took 29.5 minutes in all with every variant at
+# eight and the rehearsals on both legs. The notebooks at eight run in a pytest of their own, without
 # the leg's compilation cache.
 # Kernels at eight devices died (2026-12-04, 12-05) or hung (12-05) in CI: XLA's CPU pool
 # of one thread per simulated device can leave devices waiting for good at an all-reduce;
