@@ -88,11 +88,13 @@ def worker(args) -> None:
     # the devices first: TensorFlow splits the CPU only before it runs anything
     model = build(str(fixtures / "tiny-distilbert"), args.replicas)
     plan, tokens = batches(fixtures, args.examples)
-    from tpu_helpers.engine import fit_resumable  # the one loop of both engines
+    if args.worker == "tf":  # each engine's entry to the one loop of both, engine.fit_with
+        from tpu_helpers.checkpoints import fit_resumable
 
-    if args.worker == "tf":
         callback_base = __import__("tensorflow").keras.callbacks.Callback
     else:
+        from tpu_helpers.keras3 import fit_resumable
+
         callback_base = __import__("keras").callbacks.Callback
     seconds, compiles = [], []
 
@@ -155,7 +157,7 @@ def main() -> None:
         "--replicas", type=int, nargs="+", default=[1, 8], help="simulated devices, both engines"
     )
     parser.add_argument("--examples", type=int, default=8551)
-    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures"))
+    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures-full"))
     parser.add_argument("--tf-python", default=str(ROOT / ".venv" / "bin" / "python"))
     parser.add_argument("--keras3-python", default=str(ROOT / ".venv-keras3" / "bin" / "python"))
     parser.add_argument("--worker", choices=("tf", "keras3"), help=argparse.SUPPRESS)
@@ -166,6 +168,9 @@ def main() -> None:
         args.replicas = args.replicas[0]
         worker(args)
         return
+    from tpu_helpers.fixtures import build_fixtures
+
+    build_fixtures(args.fixtures, verbose=False, full_splits=True)
     print(
         f"tiny DistilBERT, {args.examples} CoLA-like sentences, global batch {BATCH},"
         f" steps_per_execution {STEPS_PER_EXECUTION}, float32, CPU; later"

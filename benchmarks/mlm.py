@@ -43,7 +43,7 @@ def main() -> None:
     from datasets import load_dataset
     from transformers import DataCollatorForLanguageModeling, TFAutoModelForMaskedLM
 
-    paths = build_fixtures(ROOT / "build" / "fixtures", verbose=False)
+    paths = build_fixtures(ROOT / "build" / "fixtures-full", verbose=False, full_splits=True)
     tokenizer = hub.load_tokenizer(paths["tiny-distilbert"])
     text = mlm.clean_lines(load_dataset(paths["text-corpus"])["train"])
     blocks = np.asarray(mlm.pack_blocks(text, tokenizer, args.block)["input_ids"], np.int32)

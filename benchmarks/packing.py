@@ -203,12 +203,12 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--task", choices=[*TASKS, "both"], default="both")
-    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures"))
+    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures-full"))
     args = parser.parse_args()
 
     from tpu_helpers.fixtures import build_fixtures
 
-    build_fixtures(Path(args.fixtures), verbose=False)
+    build_fixtures(Path(args.fixtures), verbose=False, full_splits=True)
     for task in TASKS if args.task == "both" else [args.task]:
         tokenized, tokenizer = load(Path(args.fixtures), args.examples, task)
         lengths = np.asarray(tokenized["length"])

@@ -160,13 +160,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--task", choices=[*TASKS, "both"], default="both")
-    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures"))
+    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures-full"))
     args = parser.parse_args()
     if args.epochs < 2:
         parser.error(f"--epochs {args.epochs}: the first epoch compiles; give 2 or more")
 
     from tpu_helpers import keras3
+    from tpu_helpers.fixtures import build_fixtures
 
+    build_fixtures(args.fixtures, verbose=False, full_splits=True)
     keras3.connect(args.replicas)
     with tempfile.TemporaryDirectory() as folder:
         checkpoint = wider_checkpoint(Path(args.fixtures) / "tiny-bert", Path(folder))

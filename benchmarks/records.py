@@ -115,7 +115,7 @@ def memory_child(scale: int, fixtures: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures"))
+    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures-full"))
     parser.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -125,7 +125,7 @@ def main() -> None:
 
     from tpu_helpers.fixtures import build_fixtures
 
-    build_fixtures(Path(args.fixtures), verbose=False)
+    build_fixtures(Path(args.fixtures), verbose=False, full_splits=True)
     enc, labels, padded, unpadded = load(Path(args.fixtures))
     n = len(labels)
     tmp = tempfile.mkdtemp(prefix="records-bench-")

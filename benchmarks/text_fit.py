@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--examples", type=int, default=8551)
     args = parser.parse_args()
-    paths = build_fixtures(ROOT / "build" / "fixtures", verbose=False)
+    paths = build_fixtures(ROOT / "build" / "fixtures-full", verbose=False, full_splits=True)
     data = text.load_text_dataset(paths["cola"])["train"].select(range(args.examples))
     tokenizer = hub.load_tokenizer(paths["tiny-distilbert"])
     split = text.tokenize(data, tokenizer, 128)

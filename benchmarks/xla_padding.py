@@ -56,7 +56,7 @@ def configurations(split, max_length=128):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--examples", type=int, default=8551)
-    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures"))
+    parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures-full"))
     args = parser.parse_args()
 
     import tensorflow as tf
@@ -66,7 +66,7 @@ def main() -> None:
     from tpu_helpers.fixtures import build_fixtures
 
     fixtures = Path(args.fixtures)
-    build_fixtures(fixtures, verbose=False)
+    build_fixtures(fixtures, verbose=False, full_splits=True)
     checkpoint = str(fixtures / "tiny-distilbert")
     tokenizer = hub.load_tokenizer(checkpoint)
     split = load_dataset(str(fixtures / "cola"))["train"]

@@ -272,8 +272,8 @@ def test_a_run_resumed_with_another_learning_rate_is_refused_naming_both(tmp_pat
 def test_the_optimizer_record_names_a_schedules_change_and_sees_through_a_loss_scale():
     import tensorflow as tf
 
-    from tpu_helpers.checkpoints import CheckpointMismatchError, check_same_run
-    from tpu_helpers.engine import optimizer_record
+    from tpu_helpers.engine import check_same_run, optimizer_record
+    from tpu_helpers.errors import CheckpointMismatchError
 
     def cosine(steps):
         schedule = tf.keras.optimizers.schedules.CosineDecay(1e-3, steps)

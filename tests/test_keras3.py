@@ -367,6 +367,21 @@ def test_predict_classes_on_data_that_ends_before_its_steps_names_both_counts(fi
             keras3.predict_classes(model, batches)
 
 
+def test_a_tf_keras_model_or_a_tf_keras_option_is_refused_naming_the_tf_engine(fixtures_dir):
+    from tpu_helpers.errors import EngineError
+
+    tf_keras_model = type("TFDistilBertModel", (), {"__module__": "tf_keras.src.engine"})()
+    for call in (
+        lambda: keras3.fit_resumable(tf_keras_model, None, 1, "unused"),
+        lambda: keras3.predict_classes(tf_keras_model, None),
+    ):
+        with pytest.raises(EngineError, match=r"not a Keras 3 model.*checkpoints\."):
+            call()
+    model = keras3.classifier(fixtures_dir / "tiny-distilbert", num_labels=2, verbose=False)
+    with pytest.raises(TypeError, match=r"\['max_to_keep'\]: not options of .* Fix: leave"):
+        keras3.fit_resumable(model, None, 1, "unused", max_to_keep=3)
+
+
 def test_a_run_directory_of_another_plan_is_refused_before_any_step(fixtures_dir, tmp_path):
     from tpu_helpers.pipeline import from_arrays
 

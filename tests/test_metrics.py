@@ -31,7 +31,7 @@ def test_predict_classes_scores_every_example_once_in_dataset_order():
     import tensorflow as tf
 
     from tpu_helpers import text
-    from tpu_helpers.metrics import predict_classes
+    from tpu_helpers.checkpoints import predict_classes
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(2, 20, 45)
@@ -61,7 +61,7 @@ def test_predict_classes_distributes_a_hand_made_pipeline_across_replicas():
         import numpy as np, tensorflow as tf
         import tpu_helpers
         from tpu_helpers import pipeline
-        from tpu_helpers.metrics import predict_classes
+        from tpu_helpers.checkpoints import predict_classes
         strategy = tpu_helpers.connect(simulated_replicas=2)
         x = np.arange(24, dtype=np.float32).reshape(24, 1)
         ds = tf.data.Dataset.from_tensor_slices(({"x": x}, (x[:, 0] > 11).astype(np.int32),
@@ -129,7 +129,7 @@ def test_predict_classes_on_data_that_ends_before_its_steps_names_both_counts():
     import tensorflow as tf
 
     from tpu_helpers import pipeline
-    from tpu_helpers.metrics import predict_classes
+    from tpu_helpers.checkpoints import predict_classes
 
     def model(features, training=False):
         return tf.one_hot(features["input_ids"][:, 0] % 2, 2)

@@ -143,9 +143,9 @@ def test_a_heavy_model_on_fast_input_is_found_compute_bound():
 
 
 def test_the_advice_follows_the_verdict():
-    compute = observe.InputBoundReport(900.0, 300.0, 290.0, steps=20)
-    balanced = observe.InputBoundReport(400.0, 300.0, 260.0, steps=20)
-    waiting = observe.InputBoundReport(100.0, 300.0, 95.0, steps=20)
+    compute = pipeline.InputBoundReport(900.0, 300.0, 290.0, steps=20)
+    balanced = pipeline.InputBoundReport(400.0, 300.0, 260.0, steps=20)
+    waiting = pipeline.InputBoundReport(100.0, 300.0, 95.0, steps=20)
     assert [r.verdict for r in (compute, balanced, waiting)] == [
         "compute-bound",
         "balanced",
@@ -157,7 +157,7 @@ def test_the_advice_follows_the_verdict():
 
 
 def test_a_run_time_is_told_in_the_unit_that_reads_best():
-    report = observe.InputBoundReport(100.0, 10.0, 4.0, steps=20)
+    report = pipeline.InputBoundReport(100.0, 10.0, 4.0, steps=20)
     assert report.time_for(200) == "50 s"
     assert report.time_for(4 * 60 * 30) == "30 min"
     assert report.time_for(4 * 3600 * 3) == "3.0 h"

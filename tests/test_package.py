@@ -101,21 +101,38 @@ def test_each_heads_model_prefix_is_the_one_transformers_names_its_encoder_by():
         assert getattr(transformers, f"TF{head.architecture}").base_model_prefix == head.prefix
 
 
-def test_one_training_loop_and_one_prediction_serve_both_engines():
+def test_one_training_loop_serves_both_engines_and_the_core_imports_neither():
+    """Each engine's ``fit_resumable`` hands its trainer to ``engine.fit_with``, the one
+    loop; the core names no engine (the graph below would show it as a circle too)."""
     from pathlib import Path
 
-    from tpu_helpers import checkpoints, engine, keras3, metrics
+    from tpu_helpers import engine
 
     package = Path(tpu_helpers.__file__).parent
-    for name in ("fit_resumable", "predict_classes"):
-        defined = [
-            str(path.relative_to(package))
-            for path in sorted(package.rglob("*.py"))
-            if f"\ndef {name}(" in path.read_text()
-        ]
-        assert defined == ["engine.py"], (name, defined)
-    assert checkpoints.fit_resumable is keras3.fit_resumable is engine.fit_resumable
-    assert metrics.predict_classes is keras3.predict_classes is engine.predict_classes
+    loops = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if "\n    while epoch < epochs" in path.read_text()
+    ]
+    assert loops == ["engine.py"], loops
+    graph = _import_graph()
+    assert not graph["tpu_helpers.engine"] & {"tpu_helpers.keras3", "tpu_helpers.checkpoints"}
+    for name in ("keras3", "checkpoints"):
+        assert {"tpu_helpers.engine"} <= graph[f"tpu_helpers.{name}"], name
+    assert "check_same_run" in engine.__all__ and "InputBoundReport" not in dir(engine)
+
+
+def test_the_tf_engine_refuses_a_keras3_model_naming_the_keras3_entry():
+    from tpu_helpers import checkpoints
+    from tpu_helpers.errors import EngineError
+
+    keras3_model = type("Functional", (), {"__module__": "keras.src.models.functional"})()
+    for call in (
+        lambda: checkpoints.fit_resumable(keras3_model, None, 1, "unused"),
+        lambda: checkpoints.predict_classes(keras3_model, None),
+    ):
+        with pytest.raises(EngineError, match=r"Functional is a Keras 3 model.*Fix: keras3\."):
+            call()
 
 
 def _import_graph() -> dict[str, set[str]]:
@@ -162,16 +179,6 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return sorted((set(g) for g in groups), key=sorted)
 
 
-#: The one circle left (both engines and the core re-export each other's entry points:
-#: ``keras3.fit_resumable`` is ``engine.fit_resumable``, which picks the engine's trainer).
-KNOWN_CYCLE = {
-    f"tpu_helpers.{m}" for m in ("checkpoints", "engine", "keras3", "metrics", "observe")
-}
-
-
-def test_no_module_imports_itself_around_a_circle_but_the_known_one():
-    """A new import circle fails here, and so does one that grows; the known one is named
-    so that it can only shrink."""
+def test_no_module_imports_itself_around_a_circle():
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [{"a", "b"}]  # the finder finds
-    cycles = _cycles(_import_graph())
-    assert all(cycle <= KNOWN_CYCLE for cycle in cycles), cycles
+    assert _cycles(_import_graph()) == []

@@ -6,6 +6,7 @@ import pytest
 
 from tests.conftest import assert_same_batches, numpy_batches
 from tpu_helpers import families, hub, text
+from tpu_helpers.fixtures import CPU_TRAIN_ROWS
 
 
 def brute_force_best(lengths, max_shapes, multiple=8):
@@ -178,7 +179,7 @@ def test_a_tokenizer_is_not_taken_for_a_config(fixtures_dir):
 
 def test_load_errors_name_the_split_and_column(fixtures_dir):
     cola = str(fixtures_dir / "cola")
-    assert text.load_text_dataset(cola)["train"].num_rows == 8551
+    assert text.load_text_dataset(cola)["train"].num_rows == CPU_TRAIN_ROWS["cola"]
     with pytest.raises(ValueError, match="has no split 'test'; it has \\['train', 'validation'\\]"):
         text.load_text_dataset(cola, splits=("train", "test"))
     with pytest.raises(

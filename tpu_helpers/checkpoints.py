@@ -13,8 +13,8 @@ taken back: the run must go on from its last checkpoint with nothing lost or don
   checkpoints records what they belong to (steps per epoch, batch, data set ...) and another
   run is refused, with the difference named, before any step. ``callback()`` makes the
   checkpoints of a plain ``fit`` loop (notebook 01 writes that loop out).
-* ``TfTrainer``: the TF engine's side of ``engine.fit_resumable`` (the one training loop
-  of both engines, also importable from here): each epoch one Keras ``fit`` call on
+* ``fit_resumable`` and ``predict_classes``: the one training loop of both engines
+  (``engine.fit_with``) and its prediction, with ``TfTrainer``, this engine's side: each epoch one Keras ``fit`` call on
   ``batches.distribute(strategy, epoch, skip_steps=...)``, the state in ``RunCheckpoints``,
   a checkpoint at step 0 before training, so that running it again in the same kernel
   after an interrupt restores the last checkpoint instead of training on from weights the
@@ -36,19 +36,23 @@ from tpu_helpers.checks import first_line
 from tpu_helpers.engine import (
     Cadence,
     History,
+    check_same_run,
     check_save_every,
     data_errors_explained,
-    fit_resumable,
+    fit_options,
+    fit_with,
+    is_keras3_model,
+    predict_with,
 )
-from tpu_helpers.errors import CheckpointMismatchError, InputError
+from tpu_helpers.errors import CheckpointMismatchError, EngineError, InputError
 from tpu_helpers.validate import check_positive
 
 __all__ = [
     "CheckpointMismatchError",
     "RunCheckpoints",
     "TfTrainer",
-    "check_same_run",
     "fit_resumable",
+    "predict_classes",
     "model_config",
     "data_errors_explained",
 ]
@@ -183,47 +187,6 @@ class RunCheckpoints:
         return self.manager.save(checkpoint_number=self.step)
 
 
-def check_same_run(directory: str, recorded: dict, now: dict) -> None:
-    """Refuse the saves in ``directory`` if they are of another run: what both ``recorded``
-    (when they were written) and ``now`` name (steps per epoch, global batch, model, data
-    ...) must be equal. Both engines' ``fit_resumable`` check so before any step."""
-    recorded, now = (json.loads(json.dumps(r, sort_keys=True)) for r in (recorded, now))
-    for key in sorted(recorded.keys() & now.keys()):
-        if recorded[key] != now[key] and key == "checkpoint":
-            raise CheckpointMismatchError(
-                f"{directory} holds the saves of a run that started from another checkpoint"
-                f" ({recorded[key]} there, {now[key]} loaded now): resuming would replace the"
-                " checkpoint asked for with that run's weights. Fix: load the checkpoint that"
-                " run started from to resume it, or pass a new folder to start afresh (the"
-                " old one is kept)."
-            )
-        if recorded[key] != now[key] and key in ("optimizer", "learning_rate"):
-            raise CheckpointMismatchError(
-                f"{directory} holds the saves of a run with another {key.replace('_', ' ')}"
-                f" ({_difference(recorded[key], now[key])}): a resume would bring back the"
-                " saved one. Fix: compile as that run did to resume it, or pass a new folder to"
-                " train with this one (the old one is kept)."
-            )
-        if recorded[key] != now[key]:
-            raise CheckpointMismatchError(
-                f"{directory} holds the saves of another run: {key} was {recorded[key]!r}"
-                f" there and is {now[key]!r} now (the data position and the schedule would"
-                f" not match). Fix: run with {key}={recorded[key]!r} to resume it, or pass a"
-                " new folder to start afresh (the old one is kept)."
-            )
-
-
-def _difference(recorded, now) -> str:
-    """``was X there, is Y now``; of a schedule, only the settings that differ."""
-    if isinstance(recorded, dict) and isinstance(now, dict) and "config" in recorded:
-        if recorded.get("class_name") == now.get("class_name"):
-            was, is_ = recorded.get("config") or {}, now.get("config") or {}
-            keys = sorted(k for k in was.keys() | is_.keys() if was.get(k) != is_.get(k))
-            return ", ".join(f"{k} was {was.get(k)!r} there, is {is_.get(k)!r} now" for k in keys)
-        recorded, now = recorded.get("class_name"), now.get("class_name")
-    return f"was {recorded!r} there, is {now!r} now"
-
-
 def _saver(checkpoints: RunCheckpoints, every_steps: int | None, every_minutes: float | None):
     """The Keras callback of ``RunCheckpoints.callback``."""
     import tensorflow as tf
@@ -278,7 +241,7 @@ def build_optimizer(model, optimizer) -> None:
 
 
 class TfTrainer:
-    """The TF engine's side of ``engine.fit_resumable`` (see the module doc and
+    """The TF engine's side of ``engine.fit_with`` (see the module doc and
     ``engine``): a compiled tf-keras model (transformers' TF classes) on its strategy."""
 
     def __init__(self, model, *, log: Callable[[str], None] = print, verbose=2, fit_kwargs=None):
@@ -411,6 +374,35 @@ class TfTrainer:
             labels += [x.numpy() for x in local(y)]
             weights += [x.numpy() for x in local(w)]
         return np.concatenate(labels), np.concatenate(preds), np.concatenate(weights)
+
+
+def fit_resumable(model, train, epochs: int, directory: str, *, verbose=2, log=print, **options):
+    """Train a compiled tf-keras ``model`` (transformers' TF classes) on ``train`` (a
+    ``pipeline.Batches``) to ``epochs`` epochs, resuming from the newest save in
+    ``directory``: ``engine.fit_with`` with ``TfTrainer`` (what it saves, checks and
+    refuses is said there). ``options``: ``fit_with``'s (``validation``, ``every_steps``,
+    ``every_minutes``, ``run``, ``callbacks``); any other goes to tf-keras' ``fit``
+    (``max_to_keep``: the checkpoints kept, 2). Returns every epoch's history."""
+    _refuse_keras3(model, "fit_resumable")
+    ours, fit_kwargs = fit_options(options)
+    trainer = TfTrainer(model, log=log, verbose=verbose, fit_kwargs=fit_kwargs)
+    return fit_with(trainer, train, epochs, directory, **ours)
+
+
+def predict_classes(model, batches, strategy=None):
+    """``(labels, predictions, weights)`` of one epoch of ``batches`` through a tf-keras
+    ``model`` on ``strategy`` (or its own): ``engine.predict_with``."""
+    _refuse_keras3(model, "predict_classes")
+    return predict_with(TfTrainer(model), batches, strategy)
+
+
+def _refuse_keras3(model, name: str) -> None:
+    if is_keras3_model(model):
+        raise EngineError(
+            f"{type(model).__name__} is a Keras 3 model, and checkpoints.{name} runs tf-keras"
+            f" models (transformers' TF classes). Fix: keras3.{name}(model, ...), the Keras 3"
+            " engine's."
+        )
 
 
 def model_config(model):

@@ -5,7 +5,7 @@ as they go and resume where they were. What they share is written here once: the
 before any step (the data contract, epochs, save cadence, positions, batch splits), the
 run record a folder of saves must match, when a save is due, the history of every epoch
 (those of earlier processes too), and the explanation of a data error met while reading.
-What differs is an engine's ``Trainer`` (the seam):
+What differs is an engine's ``Trainer`` (the seam, a typed Protocol below):
 
 ==========================  ============================================================
 ``checkpoints.TfTrainer``   transformers' TF classes and tf-keras: each epoch one ``fit``
@@ -15,18 +15,8 @@ What differs is an engine's ``Trainer`` (the seam):
                             (compiled once per width, steps fused), the state in ``.npz``
 ==========================  ============================================================
 
-A trainer has ``steps_per_epoch(batches)``, ``check(train, validation)``, ``model_config()``
-(the positions, classes and vocabulary the batches are checked against),
-``source_fingerprint()`` (of the checkpoint loaded, or None), ``open(directory, run,
-epochs) -> (epoch, step)`` (restore, or save the start), ``train_epoch(train, validation, epoch,
-first_step, after_call, callbacks) -> (logs, steps run)``, ``loss()`` (the epoch's loss
-so far), ``save(epoch, step)``, ``finish()``,
-``predict(batches) -> (labels, predictions, weights)``, ``writer`` (whether this process
-writes the run's files: one of a pod slice's hosts) and ``agree(flag) -> bool`` (the flag
-of that process, in every process: a save that is due by the clock is due on every host).
-
-``trainer_for(model)`` picks the engine from the model itself: a Keras 3 model (KerasHub,
-``keras3.classifier``) goes to the JAX trainer, a tf-keras one to the TF trainer.
+This module imports neither engine: each engine's ``fit_resumable`` and ``predict_classes``
+(``keras3``, ``checkpoints``) hand its trainer to ``fit_with`` and ``predict_with``.
 """
 
 from __future__ import annotations
@@ -36,16 +26,26 @@ import json
 import numbers
 import time
 from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from tpu_helpers.checks import first_line
-from tpu_helpers.errors import InputError, InputTypeError, TrainingDivergedError
+from tpu_helpers.errors import (
+    CheckpointMismatchError,
+    InputError,
+    InputTypeError,
+    TrainingDivergedError,
+)
 from tpu_helpers.pipeline import require_batches
 from tpu_helpers.validate import check_positive
 
 __all__ = [
-    "fit_resumable",
-    "predict_classes",
-    "trainer_for",
+    "Trainer",
+    "FIT_OPTIONS",
+    "fit_options",
+    "fit_with",
+    "predict_with",
+    "is_keras3_model",
+    "check_same_run",
     "Cadence",
     "History",
     "check_save_every",
@@ -60,23 +60,55 @@ def is_keras3_model(model) -> bool:
     return any(c.__module__.startswith("keras.") for c in type(model).__mro__)
 
 
-def trainer_for(model, *, log: Callable[[str], None] = print, verbose=2, fit_kwargs=None):
-    """The engine's ``Trainer`` of ``model`` (see the module doc)."""
-    if is_keras3_model(model):
-        from tpu_helpers.keras3 import JaxTrainer, _keras
+#: ``fit_with``'s options, which each engine's ``fit_resumable`` passes on.
+FIT_OPTIONS = ("validation", "every_steps", "every_minutes", "run", "callbacks")
 
-        _keras()  # Keras 3 on another backend is refused, with the fix
 
-        if fit_kwargs:
-            raise InputTypeError(
-                f"{sorted(fit_kwargs)}: options of tf-keras' fit, which the Keras 3 engine"
-                " does not run. Fix: leave them out (validation=, callbacks=, verbose= and"
-                " the save cadence are fit_resumable's own)."
-            )
-        return JaxTrainer(model, log=log, verbose=verbose)
-    from tpu_helpers.checkpoints import TfTrainer
+def fit_options(options: dict) -> tuple[dict, dict]:
+    """``options`` of an engine's ``fit_resumable``, split into ``fit_with``'s and the rest."""
+    ours = {k: v for k, v in options.items() if k in FIT_OPTIONS}
+    return ours, {k: v for k, v in options.items() if k not in FIT_OPTIONS}
 
-    return TfTrainer(model, log=log, verbose=verbose, fit_kwargs=fit_kwargs or {})
+
+class Trainer(Protocol):
+    """What an engine does for ``fit_with`` and ``predict_with``."""
+
+    model: Any  #: the compiled model it trains
+    log: Callable[[str], None]
+    writer: bool  #: whether this process writes the run's files (one host of a slice)
+
+    def steps_per_epoch(self, batches) -> int: ...
+
+    def check(self, train, validation) -> None:
+        """Refuse batches this engine cannot train on, before any step."""
+
+    def model_config(self) -> Any:
+        """The positions, classes and vocabulary the batches are checked against."""
+
+    def source_fingerprint(self) -> str | None:
+        """Of the checkpoint the model was loaded from, if any."""
+
+    def open(self, directory: str, run: dict, epochs: int) -> tuple[int, int]:
+        """Restore the newest save in ``directory`` (or save the start): (epoch, step)."""
+
+    def train_epoch(
+        self, train, validation, epoch: int, first_step: int, after_call, callbacks
+    ) -> tuple[dict, int]:
+        """One epoch from ``first_step``, ``after_call(step)`` after each compiled call:
+        (the epoch's logs, the steps run)."""
+
+    def loss(self) -> float | None:
+        """The epoch's loss so far."""
+
+    def save(self, epoch: int, step: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def predict(self, batches, strategy=None) -> tuple:
+        """(labels, predictions, weights) over one epoch of ``batches``."""
+
+    def agree(self, flag: bool) -> bool:
+        """The first process's ``flag``, in every process."""
 
 
 class Cadence:
@@ -154,8 +186,8 @@ class History:
         return out
 
 
-def fit_resumable(
-    model,
+def fit_with(
+    trainer: Trainer,
     train,
     epochs: int,
     directory: str,
@@ -165,12 +197,9 @@ def fit_resumable(
     every_minutes: float | None = 10.0,
     run: dict | None = None,
     callbacks: Iterable = (),
-    verbose=2,
-    log: Callable[[str], None] = print,
-    **fit_kwargs,
 ) -> dict:
-    """Train a compiled ``model`` on ``train`` (a ``pipeline.Batches``) to ``epochs``
-    epochs, on either engine, resuming from the newest save in ``directory`` (local or
+    """Train ``trainer``'s compiled model on ``train`` (a ``pipeline.Batches``) to
+    ``epochs`` epochs (each engine's ``fit_resumable`` calls this), resuming from the newest save in ``directory`` (local or
     ``gs://``).
 
     Each epoch reads its own shuffle of ``train`` from the step it resumes at
@@ -187,7 +216,7 @@ def fit_resumable(
     last save is the last good state. ``validation`` (a ``Batches``) is evaluated after
     each epoch; ``callbacks`` are Keras callbacks of the model's Keras. A data error met
     while reading (a corrupt shard) is raised with what ``train`` says of it (the shard,
-    the fix). ``fit_kwargs`` go to tf-keras' ``fit`` (TF engine only). Returns the history
+    the fix). Returns the history
     of every epoch of the run, those of earlier processes included, as ``{name: [value
     per epoch]}`` with ``val_`` names.
     """
@@ -197,7 +226,7 @@ def fit_resumable(
     check_positive(epochs=epochs)
     check_save_every(every_steps, every_minutes, directory)
     cadence = Cadence(every_steps, every_minutes)
-    trainer = trainer_for(model, log=log, verbose=verbose, fit_kwargs=fit_kwargs)
+    model, log = trainer.model, trainer.log
     trainer.check(train, validation)
     steps = trainer.steps_per_epoch(train)
     for batches in (train, validation):  # positions, labels and ids the model has
@@ -252,6 +281,47 @@ def run_record(trainer, model, train, steps: int, given: dict | None) -> dict:
     return run
 
 
+def check_same_run(directory: str, recorded: dict, now: dict) -> None:
+    """Refuse the saves in ``directory`` if they are of another run: what both ``recorded``
+    (when they were written) and ``now`` name (steps per epoch, global batch, model, data
+    ...) must be equal. Both engines' ``fit_resumable`` check so before any step."""
+    recorded, now = (json.loads(json.dumps(r, sort_keys=True)) for r in (recorded, now))
+    for key in sorted(recorded.keys() & now.keys()):
+        if recorded[key] != now[key] and key == "checkpoint":
+            raise CheckpointMismatchError(
+                f"{directory} holds the saves of a run that started from another checkpoint"
+                f" ({recorded[key]} there, {now[key]} loaded now): resuming would replace the"
+                " checkpoint asked for with that run's weights. Fix: load the checkpoint that"
+                " run started from to resume it, or pass a new folder to start afresh (the"
+                " old one is kept)."
+            )
+        if recorded[key] != now[key] and key in ("optimizer", "learning_rate"):
+            raise CheckpointMismatchError(
+                f"{directory} holds the saves of a run with another {key.replace('_', ' ')}"
+                f" ({_difference(recorded[key], now[key])}): a resume would bring back the"
+                " saved one. Fix: compile as that run did to resume it, or pass a new folder to"
+                " train with this one (the old one is kept)."
+            )
+        if recorded[key] != now[key]:
+            raise CheckpointMismatchError(
+                f"{directory} holds the saves of another run: {key} was {recorded[key]!r}"
+                f" there and is {now[key]!r} now (the data position and the schedule would"
+                f" not match). Fix: run with {key}={recorded[key]!r} to resume it, or pass a"
+                " new folder to start afresh (the old one is kept)."
+            )
+
+
+def _difference(recorded, now) -> str:
+    """``was X there, is Y now``; of a schedule, only the settings that differ."""
+    if isinstance(recorded, dict) and isinstance(now, dict) and "config" in recorded:
+        if recorded.get("class_name") == now.get("class_name"):
+            was, is_ = recorded.get("config") or {}, now.get("config") or {}
+            keys = sorted(k for k in was.keys() | is_.keys() if was.get(k) != is_.get(k))
+            return ", ".join(f"{k} was {was.get(k)!r} there, is {is_.get(k)!r} now" for k in keys)
+        recorded, now = recorded.get("class_name"), now.get("class_name")
+    return f"was {recorded!r} there, is {now!r} now"
+
+
 def optimizer_record(optimizer) -> dict:
     """What a run's saves must match of its optimizer: the class and the learning rate as
     compiled (a number, to 6 digits, or a schedule's class and settings; the optimizer a
@@ -295,12 +365,11 @@ def check_finite(loss: float | None, epoch: int, step: int) -> None:
     )
 
 
-def predict_classes(model, batches, strategy=None):
-    """One epoch of ``batches`` through ``model`` on either engine, split over its devices
-    (the TF engine: ``strategy``, or the model's own): ``(labels, predictions, weights)``
-    as flat arrays, weight 0 marking the fillers of a last batch."""
+def predict_with(trainer: Trainer, batches, strategy=None):
+    """One epoch of ``batches`` through ``trainer``'s model, split over its devices (the TF
+    engine: ``strategy``, or the model's own): ``(labels, predictions, weights)`` as flat
+    arrays, weight 0 marking the fillers of a last batch."""
     batches = require_batches(batches, "predict_classes")
-    trainer = trainer_for(model)
     return trainer.predict(batches, strategy)
 
 

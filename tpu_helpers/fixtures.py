@@ -48,6 +48,7 @@ __all__ = [
     "COLA_SPLITS",
     "COLA_LABELS",
     "MRPC_SPLITS",
+    "CPU_TRAIN_ROWS",
     "MRPC_LABELS",
     "BEANS_CLASSES",
     "BEANS_SPLITS",
@@ -82,10 +83,14 @@ __all__ = [
 ]
 
 
-FIXTURES_VERSION = 11
+FIXTURES_VERSION = 12
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
+#: The training rows the notebooks' CPU runs take (fewer than the data sets' own, above, so
+#: that every leg runs each lesson in its time; the same validation splits). The
+#: benchmarks build the data sets' own sizes (``build_fixtures(..., full_splits=True)``).
+CPU_TRAIN_ROWS = {"cola": 4000, "mrpc": 1800}
 MRPC_LABELS = ("not_equivalent", "equivalent")
 BEANS_CLASSES = ("angular_leaf_spot", "bean_rust", "healthy")
 BEANS_SPLITS = {"train": 120, "validation": 45}
@@ -295,8 +300,8 @@ def _write_splits(out: Path, rows: dict[str, list[dict]]) -> dict[str, str]:
     return files
 
 
-def write_cola(out: Path, seed: int) -> None:
-    rows = make_cola_like(seed)
+def write_cola(out: Path, seed: int, train_rows: int | None = None) -> None:
+    rows = make_cola_like(seed, _with_train_rows(COLA_SPLITS, train_rows))
     files = _write_splits(out, rows)
     features = (
         "  - name: sentence\n    dtype: string\n"
@@ -306,8 +311,12 @@ def write_cola(out: Path, seed: int) -> None:
     (out / "README.md").write_text(_card(files, features, "CoLA-like acceptability (synthetic)"))
 
 
-def write_mrpc(out: Path, seed: int) -> None:
-    files = _write_splits(out, make_mrpc_like(seed))
+def _with_train_rows(splits: dict[str, int], train_rows: int | None) -> dict[str, int]:
+    return {**splits, "train": train_rows or splits["train"]}
+
+
+def write_mrpc(out: Path, seed: int, train_rows: int | None = None) -> None:
+    files = _write_splits(out, make_mrpc_like(seed, _with_train_rows(MRPC_SPLITS, train_rows)))
     features = (
         "  - name: sentence1\n    dtype: string\n  - name: sentence2\n    dtype: string\n"
         + _class_label_yaml("label", MRPC_LABELS)
@@ -976,13 +985,15 @@ def build_fixtures(
     seed: int = 0,
     verbose: bool = True,
     references: bool | None = None,
+    full_splits: bool = False,
 ) -> dict:
     """Write every fixture under ``directory`` (skipped when already built with ``seed``).
 
     The notebooks' fixtures need no TensorFlow (a CPU runtime of Colab or Kaggle builds them);
     ``references`` (default: where transformers' TF classes are) adds ``engines``, the TF
     engine's numbers the Keras 3 engine's tests compare with. A build with them serves a
-    call without. Returns a mapping from fixture name to its absolute path, the values the CPU parameter
+    call without. The CoLA-like and MRPC-like training splits have ``CPU_TRAIN_ROWS`` rows,
+    or the data sets' own sizes with ``full_splits`` (the benchmarks'). Returns a mapping from fixture name to its absolute path, the values the CPU parameter
     files pass to the notebooks (``model_checkpoint``, ``dataset_name`` ...).
     """
     root = Path(directory).resolve()
@@ -998,7 +1009,8 @@ def build_fixtures(
     paths = {name: str(root / name) for name in names}
     stamp = root / "fixtures.json"
     built = json.loads(stamp.read_text()) if stamp.exists() else {}
-    if built.get("version") == FIXTURES_VERSION and built.get("seed") == seed:
+    made = {"version": FIXTURES_VERSION, "seed": seed, "full_splits": full_splits}
+    if all(built.get(key) == value for key, value in made.items()):
         if paths.items() <= built.get("paths", {}).items():
             if verbose:
                 print(f"fixtures: up to date in {root}")
@@ -1008,10 +1020,11 @@ def build_fixtures(
     staging = root / ".staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    write_cola(staging / "cola", seed)
+    train_rows = {} if full_splits else CPU_TRAIN_ROWS
+    write_cola(staging / "cola", seed, train_rows.get("cola"))
     corpus = [r["sentence"] for rows in make_cola_like(seed).values() for r in rows]
     write_tiny_distilbert(staging / "tiny-distilbert", corpus, seed)
-    write_mrpc(staging / "mrpc", seed)
+    write_mrpc(staging / "mrpc", seed, train_rows.get("mrpc"))
     write_tiny_bert(staging / "tiny-bert", corpus, seed)
     write_tiny_vit(staging / "tiny-vit", seed)
     write_text_corpus(staging / "text-corpus")
@@ -1026,9 +1039,7 @@ def build_fixtures(
         if name != "beans":
             (staging / name).rename(root / name)
     staging.rmdir()
-    stamp.write_text(
-        json.dumps({"version": FIXTURES_VERSION, "seed": seed, "paths": paths}, indent=1)
-    )
+    stamp.write_text(json.dumps({**made, "paths": paths}, indent=1))
     if verbose:
         print(f"fixtures: built in {root}")
     return paths

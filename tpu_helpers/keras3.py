@@ -15,10 +15,10 @@ their places.
 ``connect``            ``keras.distribution.DataParallel`` over them, made global
 ``classifier``         encoder + head from a checkpoint, as ``keras.Model``
 ``compile_classifier`` the optimizer, loss and weighted accuracy of the TF notebooks
-``fit_resumable``      ``engine.fit_resumable``, the one loop of both engines; this
-                       engine's side is ``JaxTrainer`` (compiled steps: ``jax_steps``)
+``fit_resumable``      ``engine.fit_with``, the one loop of both engines, with this
+                       engine's ``JaxTrainer`` (compiled steps: ``jax_steps``)
 ``evaluate``           the compiled metrics over a ``Batches``
-``predict_classes``    ``engine.predict_classes``: labels, predictions and weights
+``predict_classes``    ``engine.predict_with``: labels, predictions and weights
 ``compilations``       how often each step was compiled (once per width)
 ``save_hub_layout``    the trained classifier in the hub's layout
 ``packed_classifier``  a classifier run on packed rows (``packing.packed_batches``)
@@ -43,7 +43,13 @@ from types import SimpleNamespace
 import numpy as np
 
 from tpu_helpers.checks import first_line
-from tpu_helpers.engine import fit_resumable, predict_classes
+from tpu_helpers.engine import (
+    check_same_run,
+    fit_options,
+    fit_with,
+    is_keras3_model,
+    predict_with,
+)
 from tpu_helpers.errors import (
     CheckpointFormatError,
     CheckpointMismatchError,
@@ -1085,8 +1091,6 @@ class RunSaves:
     def restore(self, model) -> ResumePoint:
         """The point to resume from (``(0, 0)`` for a new run), with the saved state put
         into ``model`` and its optimizer."""
-        from tpu_helpers.checkpoints import check_same_run
-
         latest = self.latest()
         if latest is None:
             return ResumePoint(0, 0)
@@ -1137,7 +1141,7 @@ class RunSaves:
 
 
 class JaxTrainer:
-    """The Keras 3 engine's side of ``engine.fit_resumable`` (the one training loop of both
+    """The Keras 3 engine's side of ``engine.fit_with`` (the one training loop of both
     engines): each epoch through the model's ``jax_steps.Steps`` (each width compiled once,
     ``steps_per_execution`` steps fused, batches put on the devices ahead), the state in
     ``RunSaves``. Keras callbacks are called at the train's and the epochs' beginnings and
@@ -1308,6 +1312,40 @@ def compilations(model) -> dict:
     return dict(steps.compiles) if steps is not None else {}
 
 
+def fit_resumable(model, train, epochs: int, directory: str, *, verbose=2, log=print, **options):
+    """Train a compiled Keras 3 ``model`` (``classifier``, ``masked_lm``, a KerasHub task) on
+    ``train`` (a ``pipeline.Batches``) to ``epochs`` epochs, resuming from the newest save
+    in ``directory``: ``engine.fit_with`` with ``JaxTrainer`` (what it saves, checks and
+    refuses is said there). ``options``: ``validation``, ``every_steps``,
+    ``every_minutes``, ``run``, ``callbacks``. Returns every epoch's history."""
+    _refuse_tf_keras(model, "fit_resumable")
+    ours, others = fit_options(options)
+    if others:
+        raise InputTypeError(
+            f"{sorted(others)}: not options of fit_resumable on the Keras 3 engine (tf-keras'"
+            " fit takes them on the TF engine). Fix: leave them out; validation=,"
+            " callbacks=, verbose= and the save cadence are fit_resumable's own."
+        )
+    return fit_with(JaxTrainer(model, log=log, verbose=verbose), train, epochs, directory, **ours)
+
+
+def predict_classes(model, batches):
+    """``(labels, predictions, weights)`` of one epoch of ``batches`` through a Keras 3
+    ``model``, split over the devices as in ``fit_resumable``: ``engine.predict_with``."""
+    _refuse_tf_keras(model, "predict_classes")
+    return predict_with(JaxTrainer(model), batches)
+
+
+def _refuse_tf_keras(model, name: str) -> None:
+    _keras()  # Keras 3 on another backend is refused, with the fix
+    if not is_keras3_model(model):
+        raise EngineError(
+            f"{type(model).__name__} is not a Keras 3 model, and keras3.{name} runs Keras 3"
+            f" models (keras3.classifier, KerasHub's). Fix: build it with keras3.classifier;"
+            f" a tf-keras model of transformers' TF classes trains with checkpoints.{name}."
+        )
+
+
 def evaluate(model, batches) -> dict:
     """The compiled metrics of ``model`` (loss included) over one epoch of ``batches``,
     split over the devices as in ``fit_resumable``."""
@@ -1323,7 +1361,7 @@ def input_bound_check(model, batches, *, steps: int = 30, cached_batches: int = 
     the devices, and of the two together as ``fit_resumable`` runs them. Every width is
     compiled first; the check trains ``steps`` steps three times over on copies of the
     state, and leaves the model's variables as they were."""
-    from tpu_helpers.observe import InputBoundReport
+    from tpu_helpers.pipeline import InputBoundReport
 
     check_positive(steps=steps, cached_batches=cached_batches)
     if getattr(model, "optimizer", None) is None:

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tpu_helpers.engine import predict_classes  # the one of both engines
 from tpu_helpers.errors import InputError, InputTypeError
 from tpu_helpers.validate import check_labels, check_positive, check_same_length
 
@@ -16,7 +15,6 @@ __all__ = [
     "accuracy",
     "majority_rate",
     "logits_of",
-    "predict_classes",
     "count_examples",
     "examples_per_second",
 ]

@@ -4,8 +4,9 @@ Every builder in ``tpu_helpers`` returns a ``Batches``: ``text.text_batches`` (t
 splits, data-chosen widths), ``records.read_records`` (TFRecord shards),
 ``images.image_batches`` and ``images.image_record_batches`` (image files, image records),
 ``packing.packed_batches`` (packed rows) and ``mlm.masked_batches`` (masked-LM blocks).
-Every trainer and check takes one: ``engine.fit_resumable`` (both engines), ``training.CustomLoop``,
-``observe.input_bound_check``, ``xla.preflight``, ``engine.predict_classes``.
+Every trainer and check takes one: each engine's ``fit_resumable`` and ``predict_classes``
+(``keras3``, ``checkpoints``), ``training.CustomLoop``, each engine's ``input_bound_check``
+(whose answer, ``InputBoundReport``, is here), ``xla.preflight``.
 
 A ``Batches`` is a plan, not a dataset. It knows:
 
@@ -48,8 +49,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tpu_helpers.errors import InputError, InputTypeError
+from tpu_helpers.validate import check_positive
 
 __all__ = [
+    "InputBoundReport",
     "Batches",
     "STREAMS",
     "as_dataset",
@@ -536,3 +539,60 @@ def from_arrays(
         return ds.batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
     return Batches(build, steps, global_batch, n, name=name, max_label=max_label)
+
+
+@dataclass(frozen=True)
+class InputBoundReport:
+    """Batches per second of the input pipeline alone, of the training step alone (on
+    cached batches) and of the two together, and what they mean."""
+
+    input_per_second: float
+    step_per_second: float
+    together_per_second: float
+    steps: int
+
+    @property
+    def verdict(self) -> str:
+        if self.input_per_second < self.step_per_second:
+            return "input-bound"
+        if self.input_per_second < 1.5 * self.step_per_second:
+            return "balanced"
+        return "compute-bound"
+
+    @property
+    def advice(self) -> str:
+        step = (
+            "the step is what takes the time: fewer padding tokens (text.choose_boundaries,"
+            " records' bucketed widths), bf16 (mixed_bfloat16), or a larger per-replica"
+            " batch to fill the chip"
+        )
+        feed = (
+            "feed it faster: tokenize or decode once and stream TFRecord shards"
+            " (records.write_records, read_records), .cache() a data set that fits in host"
+            " memory, parallel_reads=8 for files on a bucket, decode JPEGs at a reduced size"
+            " (images.ImageSpec with decode_size), and more steps_per_execution so the host"
+            " starts fewer calls"
+        )
+        if self.verdict == "compute-bound":
+            return f"{step}; the input has headroom"
+        if self.verdict == "balanced":
+            return f"the input only just keeps up: {step}; and then {feed}"
+        return feed
+
+    def time_for(self, steps: int) -> str:
+        """How long ``steps`` training steps take at the rate of the two together, as
+        ``"40 s"``, ``"25 min"`` or ``"3.2 h"`` (compilations and evaluation not counted)."""
+        check_positive(steps=steps)
+        seconds = steps / self.together_per_second
+        if seconds < 90:
+            return f"{seconds:.0f} s"
+        if seconds < 90 * 60:
+            return f"{seconds / 60:.0f} min"
+        return f"{seconds / 3600:.1f} h"
+
+    def __str__(self) -> str:
+        return (
+            f"{self.verdict}: the pipeline delivers {self.input_per_second:,.0f} batches/s, the"
+            f" step needs {self.step_per_second:,.0f} (on cached batches); together"
+            f" {self.together_per_second:,.0f} batches/s over {self.steps} steps. Try: {self.advice}."
+        )

@@ -1123,7 +1123,7 @@ def _row_indices(ids, labels, batch_ids, batch_labels, exercise: str) -> list[in
 def check_limit(limited_by: Callable, exercise: str = "09.2") -> None:
     """``limited_by(report)`` says "input" when the pipeline alone delivers fewer batches
     per second than the step alone takes, else "step"; "together" cannot tell."""
-    from tpu_helpers.observe import InputBoundReport
+    from tpu_helpers.pipeline import InputBoundReport
 
     cases = [  # (input alone, step alone, together) batches per second, and the limit
         (100.0, 300.0, 95.0, "input"),
