@@ -351,6 +351,15 @@ def test_bad_widths_are_refused_with_the_list_to_use(boundaries, fix):
         text.batch_plan([3, 3], boundaries, 2)
 
 
+@pytest.mark.parametrize("boundaries", [[0], [-8, 0]])
+def test_widths_with_none_above_zero_get_a_fix_that_is_not_refused_in_turn(boundaries):
+    with pytest.raises(ValueError, match=r"Fix: text\.choose_boundaries\(lengths\)") as refused:
+        text.text_batches(_split([0, 1, 0, 1]), global_batch=2, boundaries=boundaries)
+    assert "boundaries=[]" not in str(refused.value)
+    fixed = text.choose_boundaries([3, 5, 9, 12])
+    assert text.text_batches(_split([0, 1, 0, 1]), global_batch=2, boundaries=fixed).widths
+
+
 def test_a_missing_column_is_named():
     split = _split([0, 1])
     del split["length"]

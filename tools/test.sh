@@ -173,6 +173,8 @@ keras3_leg() {
     # the pair's features as any others; 150 s and 90 s of this leg on 2026-12-06
     rm "build/nbval-$stack/02_custom_training_loop.pairs.ipynb" \
       "build/nbval-$stack/05_xla_rules.pairs.ipynb"
+    # and 09's pairs (since 2026-12-06: 01's and 07's carry token types on this leg)
+    rm "build/nbval-$stack/09_input_pipelines_measured.pairs.ipynb"
     # the teaching page's no-TPU recipe, on the stack without a TF engine. On the other
     # leg only: the pod-slice rehearsals, the engines' equality for ALBERT, BERT, RoBERTa,
     # XLM-RoBERTa and ViT (their converters are the same KerasHub's on both legs; 60-90 s
@@ -189,6 +191,12 @@ keras3_leg() {
     # (the same KerasHub converter; DistilBERT's and RoBERTa's stay here)
     skip+=" or killed_run_resumes"
     skip+=" or (masked_lm_head_read_from and bert and not distilbert and not roberta)"
+    # and, since the CI of 2026-12-06 took 2491 s: every engine-equality and masked-LM head
+    # test (the same KerasHub converters on both legs) and the resumes of a rebuilt model,
+    # of packed and of masked-LM runs (the package's own saves). This leg keeps what its JAX
+    # can change: the compile counts, the fused steps, and the notebooks (02 stops and resumes)
+    skip+=" or same_logits_loss_and_step or masked_lm_head_read_from"
+    skip+=" or made_again_resume or stopped_mid_epoch_resumes"
     more=(tests/test_offline.py -k "not ($skip)")
   fi
   # Each pytest's status is kept: the leg runs under `(leg) || status=$?` (timed_leg), where

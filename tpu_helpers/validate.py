@@ -208,9 +208,10 @@ def check_boundaries(boundaries: Sequence[int]) -> list[int]:
         )
     if any(w < 1 for w in widths) or any(b <= a for a, b in zip(widths, widths[1:], strict=False)):
         good = sorted({int(w) for w in widths if w >= 1})
+        fix = f"boundaries={good}" if good else "text.choose_boundaries(lengths)"
         raise InputError(
             f"boundaries={widths} must be positive and increasing (each batch takes the"
-            f" narrowest width its rows fit). Fix: boundaries={good}."
+            f" narrowest width its rows fit). Fix: {fix}."
         )
     return [int(w) for w in widths]
 
