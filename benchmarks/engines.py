@@ -54,12 +54,14 @@ def tf_model(checkpoint: str, replicas: int):
     from transformers import TFAutoModelForSequenceClassification
 
     import tpu_helpers
-    from tpu_helpers import hub
+    from tpu_helpers import tf_classes
 
     strategy = tpu_helpers.connect(simulated_replicas=replicas)
     tf.keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = hub.from_pretrained(TFAutoModelForSequenceClassification, checkpoint, num_labels=2)
+        model = tf_classes.from_pretrained(
+            TFAutoModelForSequenceClassification, checkpoint, num_labels=2
+        )
         model.compile(
             optimizer=tf.keras.optimizers.Adam(1e-3),
             loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tpu_helpers import hub, mlm  # noqa: E402  (sets the Keras flag before TF loads)
+from tpu_helpers import hub, mlm, tf_classes  # noqa: E402  (sets the Keras flag before TF loads)
 from tpu_helpers.fixtures import build_fixtures  # noqa: E402
 from tpu_helpers.metrics import examples_per_second  # noqa: E402
 
@@ -106,7 +106,7 @@ def main() -> None:
 
     def train(data, attention):
         tf.keras.utils.set_random_seed(0)
-        model = hub.from_pretrained(TFAutoModelForMaskedLM, paths["tiny-distilbert"])
+        model = tf_classes.from_pretrained(TFAutoModelForMaskedLM, paths["tiny-distilbert"])
         model.compile(
             optimizer=tf.keras.optimizers.Adam(1e-3),
             loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf  # noqa: E402  (after tpu_helpers)
 from transformers import TFAutoModelForSequenceClassification  # noqa: E402
 
-from tpu_helpers import hub, text
+from tpu_helpers import hub, text, tf_classes
 from tpu_helpers.fixtures import build_fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +41,9 @@ class EpochTimer(tf.keras.callbacks.Callback):
 
 def model_for(checkpoint):
     tf.keras.utils.set_random_seed(0)
-    return hub.from_pretrained(TFAutoModelForSequenceClassification, checkpoint, num_labels=2)
+    return tf_classes.from_pretrained(
+        TFAutoModelForSequenceClassification, checkpoint, num_labels=2
+    )
 
 
 def run_tutorial(checkpoint, sentences, labels, epochs):

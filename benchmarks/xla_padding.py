@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tpu_helpers import hub, text, xla_runs  # noqa: E402  (sets the Keras flag before TF loads)
+from tpu_helpers import hub, text, tf_classes, xla_runs  # noqa: E402  (sets the Keras flag before TF loads)
 
 BATCH = 32
 
@@ -75,7 +75,9 @@ def main() -> None:
     runs = []
     for name, make in configurations(split).items():
         tf.keras.utils.set_random_seed(0)
-        model = hub.from_pretrained(TFAutoModelForSequenceClassification, checkpoint, num_labels=2)
+        model = tf_classes.from_pretrained(
+            TFAutoModelForSequenceClassification, checkpoint, num_labels=2
+        )
         optimizer = tf.keras.optimizers.Adam(1e-3)
         runs.append(xla_runs.train_counting_compiles(model, make(), optimizer, name=name))
         print(f"{name}: done in {runs[-1].seconds:.1f} s", flush=True)

@@ -22,6 +22,7 @@ from tpu_helpers import (
     storage,
     strategy,
     text,
+    tf_classes,
     validate,
     xla,
 )
@@ -424,8 +425,8 @@ CASES = [
         r"no folder .*nope to copy. Fix",
     ),
     (
-        "storage: nothing to save",
-        lambda tmp: storage.save_pretrained(str(tmp / "out")),
+        "tf_classes: nothing to save",
+        lambda tmp: tf_classes.save_pretrained(str(tmp / "out")),
         TypeError,
         r"got nothing. Fix: save_pretrained\(output_dir, model, tokenizer\)",
     ),

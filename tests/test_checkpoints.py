@@ -375,11 +375,13 @@ def test_labels_and_token_ids_the_model_has_no_row_for_are_refused_before_any_st
     import tensorflow as tf
     from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers import hub
+    from tpu_helpers import tf_classes
     from tpu_helpers.checkpoints import fit_resumable
 
     checkpoint, batches, cases = cola_with_row_5
-    model = hub.from_pretrained(TFAutoModelForSequenceClassification, str(checkpoint), num_labels=2)
+    model = tf_classes.from_pretrained(
+        TFAutoModelForSequenceClassification, str(checkpoint), num_labels=2
+    )
     model.compile(
         tf.keras.optimizers.Adam(1e-3), tf.keras.losses.SparseCategoricalCrossentropy(True)
     )
@@ -397,11 +399,11 @@ def test_a_folder_of_another_checkpoints_run_is_not_resumed_in_its_place(
     import tensorflow as tf
     from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers import hub, pipeline
+    from tpu_helpers import pipeline, tf_classes
     from tpu_helpers.checkpoints import CheckpointMismatchError, fit_resumable
 
     def model_of(checkpoint):
-        model = hub.from_pretrained(
+        model = tf_classes.from_pretrained(
             TFAutoModelForSequenceClassification, str(checkpoint), num_labels=2
         )
         model.compile(

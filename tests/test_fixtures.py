@@ -83,9 +83,9 @@ def test_build_writes_loadable_artifacts_and_is_idempotent(fixtures_dir, capsys)
         for m in re.findall(r"\$\{FIXTURES\}/([\w-]+)", f.read_text())
     }
     assert read and read <= set(NOTEBOOK_FIXTURES), read - set(NOTEBOOK_FIXTURES)
-    from tpu_helpers.runtime import KERAS3_FAMILIES
+    from tpu_helpers.families import KERAS3
 
-    for family in KERAS3_FAMILIES:  # the Keras 3 engine's references (tests/test_keras3.py)
+    for family in KERAS3:  # the Keras 3 engine's references (tests/test_keras3.py)
         folder = Path(paths["engines"]) / family
         assert (folder / "config.json").exists() and (folder / "reference.npz").exists()
 
@@ -118,16 +118,16 @@ def test_build_writes_loadable_artifacts_and_is_idempotent(fixtures_dir, capsys)
 def test_checkpoints_load_like_the_hub_ones(fixtures_dir):
     result = run_python(
         f"""
-        from tpu_helpers import hub
+        from tpu_helpers import hub, tf_classes
         from transformers import (AutoImageProcessor,
             TFAutoModelForImageClassification, TFAutoModelForSequenceClassification)
         tok = hub.load_tokenizer("{fixtures_dir}/tiny-distilbert")
         ids = tok("The dog ate the cake.")["input_ids"]
         print("TOKENS", tok.convert_ids_to_tokens(ids))
-        m = hub.from_pretrained(TFAutoModelForSequenceClassification, "{fixtures_dir}/tiny-distilbert", num_labels=2)
+        m = tf_classes.from_pretrained(TFAutoModelForSequenceClassification, "{fixtures_dir}/tiny-distilbert", num_labels=2)
         print("MODEL", type(m).__name__, m.config.max_position_embeddings)
         p = AutoImageProcessor.from_pretrained("{fixtures_dir}/tiny-vit")
-        v = hub.from_pretrained(
+        v = tf_classes.from_pretrained(
             TFAutoModelForImageClassification, "{fixtures_dir}/tiny-vit", num_labels=3, ignore_mismatched_sizes=True)
         print("VIT", type(v).__name__, v.config.num_labels, p.size, p.image_mean)
         """
@@ -151,7 +151,7 @@ def test_the_weight_table_is_what_transformers_saves(tmp_path, family):
         import numpy as np
         from transformers import (TFAutoModelForImageClassification,
             TFAutoModelForMaskedLM, ViTConfig)
-        from tpu_helpers import fixtures, hub
+        from tpu_helpers import fixtures, hub, tf_classes
 
         def tensors(folder):
             from safetensors.numpy import load_file
@@ -164,13 +164,13 @@ def test_the_weight_table_is_what_transformers_saves(tmp_path, family):
             config, cls = fixtures.tiny_config({family!r}, 300, 0), TFAutoModelForMaskedLM
         fixtures.write_untrained_checkpoint(out / "table", config, seed=3)
         written = tensors(out / "table")
-        hub.save_hub_layout(hub.from_pretrained(cls, out / "table"), out / "again")
+        tf_classes.save_hub_layout(tf_classes.from_pretrained(cls, out / "table"), out / "again")
         again = tensors(out / "again")
         print("NAMES", sorted(written) == sorted(again), len(written))
         print("VALUES", all(np.array_equal(written[k], again.get(k)) for k in written))
         fresh = cls.from_config(config)
         fresh(fresh.dummy_inputs)
-        hub.save_hub_layout(fresh, out / "tf")
+        tf_classes.save_hub_layout(fresh, out / "tf")
         theirs = tensors(out / "tf")
         print("SHAPES", {{k: v.shape for k, v in written.items()}} == {{k: v.shape for k, v in theirs.items()}})
         name = max((k for k, v in theirs.items() if v.ndim == 2), key=lambda k: theirs[k].size)
@@ -231,8 +231,8 @@ def test_weights_are_deterministic(tmp_path, seed):
         print("HASH", hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest()[:16])
         import tensorflow as tf
         from transformers import TFAutoModel
-        from tpu_helpers import hub
-        w = hub.from_pretrained(TFAutoModel, out).get_weights()
+        from tpu_helpers import hub, tf_classes
+        w = tf_classes.from_pretrained(TFAutoModel, out).get_weights()
         print("SUM", sum(float(abs(x).sum()) for x in w))
     """.replace("{seed}", str(seed))
 

@@ -18,7 +18,7 @@ from transformers import (
     TFAutoModelForSequenceClassification,
 )
 
-from tpu_helpers import fixtures, hub, packing
+from tpu_helpers import families, fixtures, hub, tf_classes
 
 
 def weights_by_name(model, layer=None) -> dict[str, np.ndarray]:
@@ -66,16 +66,16 @@ def test_every_layout_loads_every_weight_as_saved(tmp_path, distilbert, layout):
     assert weights.layout == expected and weights.sharded == (layout == "pytorch-sharded")
     if layout == "pytorch-sharded":
         assert len(weights.files) > 1
-    loaded = hub.from_pretrained(TFAutoModelForMaskedLM, folder)
+    loaded = tf_classes.from_pretrained(TFAutoModelForMaskedLM, folder)
     assert_same_weights(weights_by_name(distilbert), weights_by_name(loaded))
     # use_safetensors, as a user passes it to from_pretrained: the files found decide
-    again = hub.from_pretrained(TFAutoModelForMaskedLM, folder, use_safetensors=False)
+    again = tf_classes.from_pretrained(TFAutoModelForMaskedLM, folder, use_safetensors=False)
     assert_same_weights(weights_by_name(distilbert), weights_by_name(again))
 
 
 @pytest.mark.parametrize("layout", ["pytorch", "pytorch-sharded"])
 def test_transformers_own_loader_fails_on_pytorch_names(tmp_path, distilbert, layout):
-    """What hub.from_pretrained is for: transformers 4.57.6's TF classes stop on the file
+    """What tf_classes.from_pretrained is for: transformers 4.57.6's TF classes stop on the file
     nearly every hub checkpoint has (transformers issue 40028)."""
     folder = save(tmp_path / layout, distilbert, layout)
     with pytest.raises(TypeError, match="'builtins.safe_open' object is not iterable"):
@@ -99,14 +99,14 @@ def test_pytorch_names_and_layouts_are_the_hubs(tmp_path, distilbert):
 
 
 @pytest.mark.parametrize("layout", ["pytorch", "pytorch-sharded"])
-@pytest.mark.parametrize("family", packing.FAMILIES)
+@pytest.mark.parametrize("family", families.PACKED)
 def test_each_family_loads_from_pytorch_names_with_a_new_head(tmp_path, family, layout):
     model = tiny_masked_lm(family)
     folder = save(tmp_path / family, model, layout)
     assert hub.find_weights(folder).sharded == (layout == "pytorch-sharded")
-    again = hub.from_pretrained(TFAutoModelForMaskedLM, folder)
+    again = tf_classes.from_pretrained(TFAutoModelForMaskedLM, folder)
     assert_same_weights(weights_by_name(model), weights_by_name(again))
-    classifier, info = hub.from_pretrained(
+    classifier, info = tf_classes.from_pretrained(
         TFAutoModelForSequenceClassification, folder, num_labels=3, output_loading_info=True
     )
     main = model.base_model_prefix
@@ -129,8 +129,8 @@ def test_an_image_checkpoint_loads_with_a_head_of_other_size(tmp_path):
     assert tensors["vit.embeddings.patch_embeddings.projection.weight"].shape == (32, 3, 8, 8)
     assert tensors["classifier.weight"].shape == (10, 32)
     with pytest.raises(hub.CheckpointFormatError, match="Fix: pass ignore_mismatched_sizes"):
-        hub.from_pretrained(TFAutoModelForImageClassification, folder, num_labels=3)
-    three, info = hub.from_pretrained(
+        tf_classes.from_pretrained(TFAutoModelForImageClassification, folder, num_labels=3)
+    three, info = tf_classes.from_pretrained(
         TFAutoModelForImageClassification,
         folder,
         num_labels=3,
@@ -147,14 +147,14 @@ def test_an_encoder_weight_missing_from_the_file_is_refused(tmp_path, distilbert
     del tensors["distilbert.transformer.layer.1.attention.q_lin.weight"]
     save_file(tensors, str(folder / hub.SAFETENSORS), metadata={"format": "pt"})
     with pytest.raises(hub.CheckpointFormatError, match="layer.1.attention.q_lin.weight"):
-        hub.from_pretrained(TFAutoModelForSequenceClassification, folder, num_labels=2)
+        tf_classes.from_pretrained(TFAutoModelForSequenceClassification, folder, num_labels=2)
 
 
 def test_weights_of_another_family_are_refused(tmp_path):
     folder = save(tmp_path / "bert", tiny_masked_lm("bert"))
     tiny_masked_lm("distilbert").config.save_pretrained(folder)  # the config says distilbert
     with pytest.raises(hub.CheckpointFormatError, match="encoder are not in .*model_type 'distil"):
-        hub.from_pretrained(TFAutoModelForSequenceClassification, folder, num_labels=2)
+        tf_classes.from_pretrained(TFAutoModelForSequenceClassification, folder, num_labels=2)
 
 
 def test_a_checkpoint_without_a_pooler_still_loads(tmp_path):
@@ -163,7 +163,7 @@ def test_a_checkpoint_without_a_pooler_still_loads(tmp_path):
     model = tiny_masked_lm("bert")
     folder = save(tmp_path / "bert", model)
     assert not any("pooler" in k for k in load_file(str(folder / hub.SAFETENSORS)))
-    classifier, info = hub.from_pretrained(
+    classifier, info = tf_classes.from_pretrained(
         TFAutoModelForSequenceClassification, folder, num_labels=2, output_loading_info=True
     )
     assert any("pooler" in k for k in info["missing_keys"])
@@ -175,10 +175,10 @@ def test_pytorch_pickles_alone_and_no_weights_are_refused_with_the_way_out(tmp_p
     distilbert.config.save_pretrained(folder)
     (folder / "pytorch_model.bin").write_bytes(b"not read")
     with pytest.raises(hub.CheckpointFormatError, match="pytorch_model.bin, a PyTorch pickle"):
-        hub.from_pretrained(TFAutoModelForSequenceClassification, folder, num_labels=2)
+        tf_classes.from_pretrained(TFAutoModelForSequenceClassification, folder, num_labels=2)
     (folder / "pytorch_model.bin").unlink()
     with pytest.raises(hub.CheckpointFormatError, match="has no model weights"):
-        hub.from_pretrained(TFAutoModelForSequenceClassification, folder, num_labels=2)
+        tf_classes.from_pretrained(TFAutoModelForSequenceClassification, folder, num_labels=2)
 
 
 def test_tokenizer_files_of_transformers5_load_as_the_same_tokenizer(tmp_path):
@@ -229,7 +229,7 @@ def test_a_broken_download_is_named_with_the_fix(broken_checkpoints, kind):
 
     folder = broken_checkpoints[kind]
     with pytest.raises(CheckpointFormatError, match=r"model.*safetensors.*Fix: download the"):
-        hub.from_pretrained(TFAutoModelForSequenceClassification, str(folder), num_labels=2)
+        tf_classes.from_pretrained(TFAutoModelForSequenceClassification, str(folder), num_labels=2)
 
 
 def test_a_path_that_is_no_folder_here_is_named_with_the_working_directory(

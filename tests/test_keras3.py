@@ -31,9 +31,11 @@ from tpu_helpers.errors import (  # noqa: E402
     CheckpointMismatchError,
     TpuHelpersError,
 )
-from tpu_helpers.families import MLM  # noqa: E402
+from tpu_helpers.families import (
+    KERAS3,  # noqa: E402
+    MLM,  # noqa: E402
+)
 from tpu_helpers.fixtures import ENGINE_LEARNING_RATE  # noqa: E402
-from tpu_helpers.runtime import KERAS3_FAMILIES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTION = keras3.connect(8)
@@ -65,7 +67,7 @@ def max_logit_gap(model, features, logits) -> float:
     return float(gap / max(1.0, np.abs(logits).max()))
 
 
-@pytest.mark.parametrize("family", KERAS3_FAMILIES)
+@pytest.mark.parametrize("family", KERAS3)
 def test_both_engines_give_the_same_logits_loss_and_step(fixtures_dir, family, tmp_path):
     features, ref = reference(fixtures_dir, family)
     model = keras3.classifier(fixtures_dir / "engines" / family, verbose=False)
@@ -205,7 +207,7 @@ def _trained_and_saved(fixtures_dir, family, folder):
     return model, np.asarray(model(features, training=False))
 
 
-@pytest.mark.parametrize("family", KERAS3_FAMILIES)
+@pytest.mark.parametrize("family", KERAS3)
 def test_a_trained_model_saved_in_the_hubs_layout_loads_back_with_its_logits(
     fixtures_dir, family, tmp_path
 ):
@@ -239,24 +241,24 @@ def test_the_tf_engine_loads_what_the_keras3_engine_saved_with_the_same_logits(
     if not python.exists():
         pytest.skip("the CPU stack (.venv) is not made here")
     want = {}
-    for family in KERAS3_FAMILIES:
+    for family in KERAS3:
         _, want[family] = _trained_and_saved(fixtures_dir, family, tmp_path / family)
     script = (
         "import sys, json, numpy as np\n"
         "import tpu_helpers\n"
-        "from tpu_helpers import hub\n"
+        "from tpu_helpers import hub, tf_classes\n"
         "from transformers import TFAutoModelForSequenceClassification as Text,"
         " TFAutoModelForImageClassification as Images\n"
         "out = {}\n"
         "for family in sys.argv[2:]:\n"
         "    ref = np.load(f'{sys.argv[1]}/engines/{family}/reference.npz')\n"
         "    x = {k[8:]: ref[k] for k in ref.files if k.startswith('feature_')}\n"
-        f"    model = hub.from_pretrained(Images if family == 'vit' else Text, f'{tmp_path}/{{family}}')\n"
+        f"    model = tf_classes.from_pretrained(Images if family == 'vit' else Text, f'{tmp_path}/{{family}}')\n"
         "    out[family] = np.asarray(model(x, training=False).logits).tolist()\n"
         "print(json.dumps(out))\n"
     )
     done = subprocess.run(
-        [str(python), "-c", script, str(fixtures_dir), *KERAS3_FAMILIES],
+        [str(python), "-c", script, str(fixtures_dir), *KERAS3],
         capture_output=True,
         text=True,
         timeout=600,
@@ -265,17 +267,29 @@ def test_the_tf_engine_loads_what_the_keras3_engine_saved_with_the_same_logits(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    for family in KERAS3_FAMILIES:
+    for family in KERAS3:
         np.testing.assert_allclose(np.asarray(got[family]), want[family], atol=1e-4, err_msg=family)
+
+
+def test_a_keras_release_not_written_for_is_warned_of_naming_the_ones_that_are(monkeypatch):
+    from tpu_helpers import versions
+
+    monkeypatch.setattr(keras3, "installed", lambda: {"keras": ("3.99.0", False)})
+    with pytest.warns(UserWarning, match=r"keras 3\.99\.0: .*written for keras 3\.15\. Fix:"):
+        keras3._warn_of_releases_not_written_for()
+    assert versions.KERAS_REQUIREMENT == "keras>=3.15,<4" and versions.WRITTEN_FOR["keras"] == (
+        "3.15",
+    )
 
 
 def test_the_private_keras_and_kerashub_parts_the_engine_needs_are_where_they_were(
     fixtures_dir,
 ):
     from tpu_helpers import keras_internals as internals
+    from tpu_helpers import versions
 
-    found = internals.versions()
-    assert found["keras"][1] and found["keras-hub"][1], (found, internals.WRITTEN_FOR)
+    found = versions.installed()
+    assert found["keras"][1] and found["keras-hub"][1], (found, versions.WRITTEN_FOR)
     folder = fixtures_dir / "engines" / "distilbert"
     config = json.loads((folder / "config.json").read_text())
     assert callable(internals.hub_converter(folder, config).convert_weights)
@@ -607,14 +621,14 @@ def test_a_checkpoint_missing_an_encoder_weight_is_refused_naming_it(fixtures_di
         keras3.classifier(folder, verbose=False)
 
 
-def test_other_families_and_layouts_are_refused_with_the_engine_that_reads_them(
-    fixtures_dir, tmp_path
-):
-    folder = _copy(fixtures_dir / "engines" / "distilbert", tmp_path / "electra")
+def test_other_families_and_layouts_are_refused_with_a_fix_for_this_runtime(fixtures_dir, tmp_path):
+    folder = _copy(fixtures_dir / "engines" / "distilbert", tmp_path / "mpnet")
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "electra"}))
-    with pytest.raises(keras3.EngineError, match="TF engine"):
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "mpnet"}))
+    # the fix works on the runtime at hand: the families that run here, or how to add one
+    with pytest.raises(keras3.EngineError, match=r"'mpnet' checkpoint.*Fix: a checkpoint of") as e:
         keras3.classifier(folder, verbose=False)
+    assert "families.py" in str(e.value) and "notebooks 0" not in str(e.value)
 
     h5_only = tmp_path / "h5"
     h5_only.mkdir()

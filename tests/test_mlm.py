@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import hub, mlm
+from tpu_helpers import hub, mlm, tf_classes
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +272,7 @@ def test_continued_pretraining_of_the_tiny_checkpoint_lowers_its_loss(
     checkpoint = str(fixtures_dir / "tiny-distilbert")
     mlm.check_model_fits(AutoConfig.from_pretrained(checkpoint), tokenizer, 32)
     tf.keras.utils.set_random_seed(0)
-    model = hub.from_pretrained(TFAutoModelForMaskedLM, checkpoint)
+    model = tf_classes.from_pretrained(TFAutoModelForMaskedLM, checkpoint)
     model.compile(
         optimizer=tf.keras.optimizers.Adam(3e-3),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -77,13 +77,19 @@ def test_every_raise_in_the_package_raises_a_subclass_of_the_root():
     assert checked > 150 and strays == [], strays
 
 
-def test_the_family_facts_come_from_one_table():
-    from tpu_helpers import families, packing, runtime, text
+def test_the_family_facts_come_from_one_table_and_no_module_offers_them_again():
+    from tpu_helpers import families
 
-    assert runtime.KERAS3_FAMILIES is families.KERAS3
-    assert text.OFFSET_POSITIONS is families.OFFSET_POSITIONS
-    assert packing.FAMILIES is families.PACKED
-    assert all(packing.FAMILY[n] is families.FAMILIES[n].packed for n in packing.FAMILIES)
+    tables = [getattr(families, name) for name in families.__all__ if name.isupper()]
+    offered = [
+        f"{info.name}.{name}"
+        for info in pkgutil.walk_packages(tpu_helpers.__path__, "tpu_helpers.")
+        if info.name != "tpu_helpers.families" and not info.name.endswith("__main__")
+        for module in [importlib.import_module(info.name)]
+        for name in getattr(module, "__all__", ())
+        if any(getattr(module, name, None) is table for table in tables)
+    ]
+    assert offered == [], offered
     assert {"roberta", "xlm-roberta", "camembert", "mpnet"} <= families.OFFSET_POSITIONS
     assert not {"bert", "distilbert", "albert", "electra"} & families.OFFSET_POSITIONS
     for name in families.KERAS3:  # each head the Keras 3 engine builds names its class
@@ -177,6 +183,38 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
         frozenset({n} | {m for m in reach[n] if n in reach[m]}) for n in graph if n in reach[n]
     }
     return sorted((set(g) for g in groups), key=sorted)
+
+
+#: The package's floors, top down (CONTRIBUTING.md draws them): a module imports from its own
+#: floor or the floors above, and the two engines (floor 4) not from each other.
+FLOORS = {
+    0: "errors checks validate families versions _env",
+    1: "runtime",
+    2: "engine pipeline metrics storage hub",
+    3: "text records images mlm",
+    4: "keras3 jax_steps keras_internals",
+    5: "checkpoints strategy training tf_classes packing observe xla xla_runs",
+    6: "workshop workshop_jax fixtures offline report plots",
+    7: "doctor __main__",
+}
+KERAS3_ENGINE, TF_ENGINE = 4, 5
+
+
+def _floor(module: str) -> int:
+    name = module.removeprefix("tpu_helpers.").split(".")[0]
+    if module == "tpu_helpers":
+        return max(FLOORS)
+    return next(floor for floor, names in FLOORS.items() if name in names.split())
+
+
+def test_every_module_imports_only_from_its_floor_or_above_and_no_engine_from_the_other():
+    wrong = []
+    for module, imported in _import_graph().items():
+        for other in imported - {"tpu_helpers"}:  # `from tpu_helpers import x` names x too
+            here, there = _floor(module), _floor(other)
+            if there > here or {here, there} == {KERAS3_ENGINE, TF_ENGINE}:
+                wrong.append(f"{module} (floor {here}) imports {other} (floor {there})")
+    assert wrong == [], wrong
 
 
 def test_no_module_imports_itself_around_a_circle():

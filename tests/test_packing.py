@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import hub, packing
+from tpu_helpers import families, hub, packing, tf_classes
 
 RNG = np.random.default_rng(0)
 
@@ -133,11 +133,13 @@ class Family:
         from datasets import Dataset
         from transformers import TFAutoModelForSequenceClassification
 
-        from tpu_helpers import fixtures, hub, text
+        from tpu_helpers import fixtures, hub, text, tf_classes
 
         self.tokenizer = hub.load_tokenizer(folder)
         tf.keras.utils.set_random_seed(0)
-        self.model = hub.from_pretrained(TFAutoModelForSequenceClassification, folder, num_labels=2)
+        self.model = tf_classes.from_pretrained(
+            TFAutoModelForSequenceClassification, folder, num_labels=2
+        )
         rows = fixtures.make_mrpc_like(3, {"train": 10})["train"]
         split = text.tokenize(
             Dataset.from_list(rows),
@@ -195,7 +197,7 @@ def family(family_checkpoints):
 
 
 @pytest.mark.parametrize("pairs", [False, True], ids=["single", "pairs"])
-@pytest.mark.parametrize("name", packing.FAMILIES)
+@pytest.mark.parametrize("name", families.PACKED)
 def test_packed_logits_equal_the_models_own_on_the_bucketed_batch(family, name, pairs):
     case = family(name, pairs)
     if pairs:  # the tokenizer's own pair template, and token types where the model has them
@@ -207,7 +209,7 @@ def test_packed_logits_equal_the_models_own_on_the_bucketed_batch(family, name, 
     assert case.largest_gap() < 2e-5
 
 
-@pytest.mark.parametrize("name", packing.FAMILIES)
+@pytest.mark.parametrize("name", families.PACKED)
 def test_packed_gradients_equal_the_unpacked_ones(family, name):
     case = family(name)
     model, arrays = case.model, case.arrays
@@ -237,7 +239,7 @@ def test_packed_gradients_equal_the_unpacked_ones(family, name):
     assert compared > 10
 
 
-@pytest.mark.parametrize("name", packing.FAMILIES)
+@pytest.mark.parametrize("name", families.PACKED)
 def test_an_example_never_sees_its_neighbours(family, name):
     case = family(name)
     before = case.packed(case.features).numpy()
@@ -251,7 +253,7 @@ def test_an_example_never_sees_its_neighbours(family, name):
     assert np.abs(after[r, 1] - before[r, 1]).max() > 1e-4  # itself: moved
 
 
-@pytest.mark.parametrize("name", packing.FAMILIES)
+@pytest.mark.parametrize("name", families.PACKED)
 def test_the_comparison_fails_a_leaking_mask_and_unrestarted_positions(family, name, monkeypatch):
     """The equality above is not vacuous: each of the two ways packing goes wrong breaks it."""
     case = family(name)
@@ -309,7 +311,7 @@ def test_the_packed_model_saves_and_loads_as_an_ordinary_checkpoint(tmp_path):
     _, features, _ = packed_batch(EXAMPLES, LABELS)
     before = packing.PackedClassifier(model)(features).numpy()
     model.save_pretrained(str(tmp_path))
-    reloaded = hub.from_pretrained(TFAutoModelForSequenceClassification, str(tmp_path))
+    reloaded = tf_classes.from_pretrained(TFAutoModelForSequenceClassification, str(tmp_path))
     np.testing.assert_allclose(packing.PackedClassifier(reloaded)(features), before, atol=1e-6)
     np.testing.assert_allclose(
         reloaded(input_ids=tf.constant([EXAMPLES[0]])).logits[0],

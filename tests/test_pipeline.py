@@ -236,9 +236,9 @@ def _compiled_classifier(fixtures_dir):
     import tensorflow as tf
     from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers import hub
+    from tpu_helpers import tf_classes
 
-    model = hub.from_pretrained(
+    model = tf_classes.from_pretrained(
         TFAutoModelForSequenceClassification, str(fixtures_dir / "tiny-distilbert"), num_labels=2
     )
     model.compile(

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from transformers import TFAutoModelForSequenceClassification
 
-from tpu_helpers import hub, packing, pipeline, xla
+from tpu_helpers import packing, pipeline, tf_classes, xla
 from tpu_helpers.training import CustomLoop
 
 
@@ -32,7 +32,7 @@ def batch():
 
 
 def classifier(fixtures_dir):
-    return hub.from_pretrained(
+    return tf_classes.from_pretrained(
         TFAutoModelForSequenceClassification, fixtures_dir / "tiny-distilbert", num_labels=2
     )
 

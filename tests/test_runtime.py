@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from tpu_helpers import _env, runtime
+from tpu_helpers import _env, families, runtime
 from tpu_helpers.runtime import (
     RuntimeFacts,
     detect_runtime,
@@ -318,7 +318,7 @@ def test_the_keras3_plan_on_colab_adds_what_the_image_lacks_and_never_jax_or_lib
 def test_a_family_kerashub_cannot_load_stays_on_the_tf_engine_with_its_reason():
     choice = runtime.choose_engine(facts("kaggle", "tpu", **KAGGLE_TPU), model_type="electra")
     assert choice.engine == "tf" and "'electra'" in choice.reason and "TF engine" in choice.reason
-    for family in runtime.KERAS3_FAMILIES:
+    for family in families.KERAS3:
         assert (
             runtime.choose_engine(facts("kaggle", "tpu", **KAGGLE_TPU), family).engine == "keras3"
         )
@@ -400,7 +400,7 @@ def test_the_families_the_engine_choice_names_are_the_ones_the_keras3_engine_has
     # is written twice; this holds the two together
     from tpu_helpers import keras3
 
-    assert set(runtime.KERAS3_FAMILIES) == set(keras3.HEADS)
+    assert set(families.KERAS3) == set(keras3.HEADS)
 
 
 def _image(name: str) -> tuple[str, dict]:

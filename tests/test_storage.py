@@ -18,14 +18,15 @@ def test_save_and_reload_through_a_bucket_like_path(fixtures_dir, tmp_path):
         import os, tpu_helpers
         import tensorflow as tf
         from transformers import TFAutoModelForSequenceClassification
-        from tpu_helpers import hub
-        from tpu_helpers.storage import local_copy, save_pretrained
+        from tpu_helpers import hub, tf_classes
+        from tpu_helpers.storage import local_copy
+        from tpu_helpers.tf_classes import save_pretrained
         tok = hub.load_tokenizer("{fixtures_dir}/tiny-distilbert")
-        model = hub.from_pretrained(TFAutoModelForSequenceClassification, "{fixtures_dir}/tiny-distilbert", num_labels=2)
+        model = tf_classes.from_pretrained(TFAutoModelForSequenceClassification, "{fixtures_dir}/tiny-distilbert", num_labels=2)
         written = save_pretrained("ram://bucket/model", model, tok)
         print("WRITTEN", sorted(os.path.basename(w) for w in written))
         here = local_copy("ram://bucket/model")
-        again = hub.from_pretrained(TFAutoModelForSequenceClassification, here)
+        again = tf_classes.from_pretrained(TFAutoModelForSequenceClassification, here)
         x = dict(tok(["The dog ate."], return_tensors="tf"))
         print("SAME", bool(tf.reduce_all(model(x).logits == again(x).logits)))
         try:

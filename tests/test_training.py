@@ -227,9 +227,9 @@ def test_features_the_model_cannot_take_are_refused_with_their_shapes(fixtures_d
     input of the model; checked against transformers' input_signature."""
     from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers import hub
+    from tpu_helpers import tf_classes
 
-    model = hub.from_pretrained(
+    model = tf_classes.from_pretrained(
         TFAutoModelForSequenceClassification, str(fixtures_dir / "tiny-distilbert"), num_labels=2
     )
     loop = CustomLoop(
@@ -258,10 +258,10 @@ def test_images_with_channels_last_are_refused_by_both_loops(fixtures_dir, tmp_p
     a size its signature fixes is not held (many image models take any size)."""
     from transformers import TFAutoModelForImageClassification
 
-    from tpu_helpers import hub
+    from tpu_helpers import tf_classes
     from tpu_helpers.checkpoints import fit_resumable
 
-    model = hub.from_pretrained(
+    model = tf_classes.from_pretrained(
         TFAutoModelForImageClassification, str(fixtures_dir / "tiny-vit")
     )  # its 10 classes
     model.compile(tf.keras.optimizers.Adam(), tf.keras.losses.SparseCategoricalCrossentropy(True))

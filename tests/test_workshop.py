@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import hub, images, text, workshop
+from tpu_helpers import images, text, tf_classes, workshop
 from tpu_helpers.workshop import ExerciseCheckError as Wrong
 
 
@@ -127,7 +127,7 @@ def test_compiled_accepts_the_transformers_models_own_loss(fixtures_dir):
     losses = []
     for loss in (None, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)):
         tf.keras.utils.set_random_seed(0)
-        model = hub.from_pretrained(
+        model = tf_classes.from_pretrained(
             TFAutoModelForSequenceClassification, fixtures_dir / "tiny-distilbert", num_labels=2
         )
         extra = {} if loss is None else {"loss": loss}
@@ -424,7 +424,7 @@ def test_head_must_start_from_the_checkpoint(fixtures_dir):
         "id2label": dict(enumerate(classes)),
         "label2id": {c: i for i, c in enumerate(classes)},
     }
-    solution = hub.from_pretrained(
+    solution = tf_classes.from_pretrained(
         TFAutoModelForImageClassification,
         checkpoint,
         num_labels=3,
@@ -437,7 +437,7 @@ def test_head_must_start_from_the_checkpoint(fixtures_dir):
     random_start(tf.zeros([1, 3, config.image_size, config.image_size]))  # build the weights
     with pytest.raises(Wrong, match="differ from .*tiny-vit's: the model starts from random"):
         workshop.check_head(random_start, classes, checkpoint)
-    own_head = hub.from_pretrained(TFAutoModelForImageClassification, checkpoint)
+    own_head = tf_classes.from_pretrained(TFAutoModelForImageClassification, checkpoint)
     with pytest.raises(Wrong, match="outputs for 3 classes"):
         workshop.check_head(own_head, classes, checkpoint)
 

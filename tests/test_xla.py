@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import hub, xla, xla_runs
+from tpu_helpers import hub, tf_classes, xla, xla_runs
 from tpu_helpers.xla import masked_sparse_crossentropy, shape_report, tracing_count
 
 
@@ -141,7 +141,7 @@ def test_preflight_passes_the_notebook_text_pipeline(fixtures_dir):
     batches = text.text_batches(
         split, global_batch=16, boundaries=text.padding_boundaries(split["length"], "buckets")
     )
-    model = hub.from_pretrained(
+    model = tf_classes.from_pretrained(
         TFAutoModelForSequenceClassification, str(fixtures_dir / "tiny-distilbert"), num_labels=2
     )
     report = xla.preflight(model, batches, Replicas(2), batches=10)

@@ -16,7 +16,6 @@ from tpu_helpers.checks import FAIL, PASS, Check, first_line
 from tpu_helpers.runtime import (
     DATASETS_SPEC,
     HUB_SPEC,
-    KERAS_HUB_PIN,
     LIBTPU_KNOWN_GOOD,
     LIBTPU_PIN,
     MAIN_TRACK,
@@ -28,6 +27,7 @@ from tpu_helpers.runtime import (
     libtpu_loads,
     minor,
 )
+from tpu_helpers.versions import KERAS_HUB, KERAS_MINORS
 
 __all__ = [
     "DoctorFacts",
@@ -255,9 +255,11 @@ def keras3_check(f: DoctorFacts) -> Check:
     """Keras 3 (of KerasHub's version), KerasHub, JAX, transformers 5 and a TensorFlow for
     ``tf.data``: what ``tpu_helpers.keras3`` imports."""
     d = f.runtime.distributions
-    hub = KERAS_HUB_PIN.split("==")[1]
+    hub = KERAS_HUB
     problems = [
-        f"keras {d.get('keras')}" if (minor(d.get("keras")) or (0, 0)) < (3, 15) else "",
+        f"keras {d.get('keras')}"
+        if (minor(d.get("keras")) or (0, 0)) < minor(KERAS_MINORS[0])
+        else "",
         f"keras-hub {d.get('keras-hub')} (not {hub})" if d.get("keras-hub") != hub else "",
         "no jax" if not d.get("jax") else "",
         f"transformers {d.get('transformers')}"

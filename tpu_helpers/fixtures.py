@@ -365,7 +365,7 @@ def save_checkpoint(
     """Save ``model`` (a TF class) and ``tokenizer`` (or an image processor; none: the
     weights and config alone) into ``out`` in ``layout``: one of ``LAYOUTS``, optionally
     followed by ``+transformers5``; shards of at most ``shard_bytes``."""
-    from tpu_helpers import hub
+    from tpu_helpers import tf_classes
 
     weights, version = _layout(layout)
     out.mkdir(parents=True)
@@ -373,7 +373,7 @@ def save_checkpoint(
         model.save_pretrained(out, safe_serialization=False)  # config.json + tf_model.h5
     if weights.startswith("pytorch"):
         sharded = weights == "pytorch-sharded"
-        hub.save_hub_layout(model, out, max_shard_bytes=shard_bytes if sharded else None)
+        tf_classes.save_hub_layout(model, out, max_shard_bytes=shard_bytes if sharded else None)
     _save_preprocessing(out, tokenizer, version)
 
 
@@ -700,7 +700,7 @@ def write_tiny_checkpoint(
     """Save a tiny untrained masked-LM checkpoint of ``family`` and its tokenizer (see
     ``train_tokenizer``) to ``out`` in ``layout`` (see ``save_checkpoint``; by default
     PyTorch-named ``model.safetensors``, as most of the hub serves), loadable like the
-    family's hub checkpoints (``hub.load_tokenizer``, ``hub.from_pretrained``).
+    family's hub checkpoints (``hub.load_tokenizer``, ``tf_classes.from_pretrained``).
     ``overrides`` go to ``tiny_config``."""
     import tensorflow as tf
     from transformers import TFAutoModelForMaskedLM
@@ -848,7 +848,7 @@ def _reference_batch(family: str, tokenizer, corpus: list[str], rng) -> dict:
 
 
 def write_engine_references(out: Path, corpus: list[str], seed: int) -> None:
-    """For each family of ``runtime.KERAS3_FAMILIES``: a tiny classifier for
+    """For each family of ``families.KERAS3``: a tiny classifier for
     ``ENGINE_LABELS`` labels without dropout in the hub's layout (BERT's sharded, with
     transformers 5's tokenizer files), and ``reference.npz``: a batch, its labels, the TF
     engine's logits, the loss, and the logits after one SGD step of
@@ -862,10 +862,10 @@ def write_engine_references(out: Path, corpus: list[str], seed: int) -> None:
         ViTConfig,
     )
 
-    from tpu_helpers.runtime import KERAS3_FAMILIES
+    from tpu_helpers.families import KERAS3
 
     rng = np.random.default_rng(seed)
-    for family in KERAS3_FAMILIES:
+    for family in KERAS3:
         tf.keras.utils.set_random_seed(seed)
         if family == "vit":
             config = ViTConfig(**{**TINY_VIT, **ENGINE_OVERRIDES})

@@ -24,7 +24,7 @@ their places.
 ``packed_classifier``  a classifier run on packed rows (``packing.packed_batches``)
 =====================  ===============================================================
 
->>> from tpu_helpers import keras3                                   # doctest: +SKIP
+>>> from tpu_helpers import keras3# doctest: +SKIP
 >>> distribution = keras3.connect()
 >>> model = keras3.classifier("distilbert-base-cased", num_labels=2)
 """
@@ -61,6 +61,7 @@ from tpu_helpers.families import FAMILIES, KERAS3, MLM, Head, MlmHead
 from tpu_helpers.hub import HUB_OPTIONS, _resolve, find_weights
 from tpu_helpers.pipeline import require_batches
 from tpu_helpers.validate import check_learning_rate, check_positive
+from tpu_helpers.versions import KERAS_HUB_PIN, WRITTEN_FOR, installed
 
 __all__ = [
     "EngineError",
@@ -89,6 +90,22 @@ __all__ = [
     "compilations",
     "input_bound_check",
 ]
+
+
+def _warn_of_releases_not_written_for() -> None:
+    """A warning per installed Keras or KerasHub release the engine was not written for:
+    its private names and converters may have moved (``versions``)."""
+    for name, (version, known) in installed().items():
+        if not known:
+            warnings.warn(
+                f"{name} {version}: the Keras 3 engine is written for {name}"
+                f" {' and '.join(WRITTEN_FOR[name])}. Fix: tpu_helpers.install(engine='keras3')"
+                " installs those; with this release, expect an EngineError naming what moved.",
+                stacklevel=3,
+            )
+
+
+_warn_of_releases_not_written_for()
 
 
 # ---------------------------------------------------------------------------- devices
@@ -241,6 +258,15 @@ def all_processes_reach(name: str) -> None:
 # ----------------------------------------------------------------------------- heads
 
 
+#: What a checkpoint this engine cannot train can do instead, on any runtime: the main
+#: track runs here, on Colab's and Kaggle's TPUs, which have no TensorFlow for the TF engine.
+OTHER_FAMILY_FIX = (
+    "a checkpoint of one of those families (distilbert-base-cased, bert-base-cased,"
+    " roberta-base, xlm-roberta-base, albert-base-v2; google/vit-base-patch16-224 for"
+    " images), or add its family to the table in tpu_helpers/families.py (CONTRIBUTING.md"
+    " says how). The TF engine (notebooks/tf/) trains more families where tensorflow-tpu"
+    " runs: a TPU VM, not Colab's or Kaggle's TPU runtime."
+)
 #: The Keras 3 engine's head of each family it trains (``families.KERAS3``).
 HEADS = {name: FAMILIES[name].keras3 for name in KERAS3}
 
@@ -270,7 +296,7 @@ def checkpoint_folder(checkpoint: str, **options) -> tuple[Path, dict]:
     if family not in HEADS:
         raise EngineError(
             f"{checkpoint!r} is a {family!r} checkpoint; the Keras 3 engine trains"
-            f" {', '.join(KERAS3)}. Fix: train it on the TF engine (notebooks 01-04)."
+            f" {', '.join(KERAS3)}. Fix: {OTHER_FAMILY_FIX}"
         )
     weights = find_weights(str(checkpoint), **options)
     if weights.layout != "pytorch-safetensors":
@@ -278,7 +304,7 @@ def checkpoint_folder(checkpoint: str, **options) -> tuple[Path, dict]:
             f"{checkpoint!r} holds {weights.layout} weights ({Path(weights.files[0]).name});"
             " KerasHub reads PyTorch-named safetensors only. Fix: a revision with"
             " model.safetensors (refs/pr/N on the hub), or load it on the TF engine and"
-            " write it with storage.save_pretrained, which writes that file."
+            " write it with tf_classes.save_pretrained, which writes that file."
         )
     return Path(config_file).parent, config
 
@@ -397,8 +423,8 @@ def _activation(keras, name: str | None):
     if name not in activations:
         raise EngineError(
             f"the checkpoint's config asks for the activation {name!r}, which this engine does"
-            f" not map onto KerasHub's layers (it maps {sorted(activations)}). Fix: train it"
-            " on the TF engine (notebooks 01-04)."
+            f" not map onto KerasHub's layers (it maps {sorted(activations)}). Fix:"
+            f" {OTHER_FAMILY_FIX}"
         )
     return activations[name]
 
@@ -571,7 +597,7 @@ def _backbone(keras, folder: Path, config: dict, head: Head):
         raise EngineError(
             f"KerasHub does not import ({error}). Fix: python -m tpu_helpers install --engine"
             " keras3 on Colab or Kaggle (the main track's install cell), or pip install --no-deps"
-            " keras-hub==0.32.0 next to Keras 3 and JAX."
+            f" {KERAS_HUB_PIN} next to Keras 3 and JAX."
         ) from error
     settings = {arg: config[field] for arg, field in head.backbone if field in config}
     backbone = keras_hub.models.Backbone.from_preset(str(folder), load_weights=False, **settings)
@@ -798,7 +824,7 @@ def _packed_encoder(keras, backbone, inputs: dict, head: Head):
 _KERASHUB_CHANGED = (
     "packing expects one position embedding and one TransformerEncoder call per layer in"
     " KerasHub's backbone, and found otherwise ({}): this KerasHub builds its encoders"
-    " differently. Fix: keras-hub 0.32 (tpu_helpers.install(engine='keras3')), or train"
+    f" differently. Fix: {KERAS_HUB_PIN} (tpu_helpers.install(engine='keras3')), or train"
     " unpacked."
 )
 
@@ -828,7 +854,7 @@ def save_hub_layout(
     ``config.json`` of a ``*ForSequenceClassification`` (``*ForImageClassification``) with
     its number of labels (``id2label`` names them), and the checkpoint's tokenizer or
     processor files. ``classifier``, KerasHub's ``from_preset``, the TF engine
-    (``hub.from_pretrained``) and PyTorch load it back with the same logits. Returns the
+    (``tf_classes.from_pretrained``) and PyTorch load it back with the same logits. Returns the
     files written.
 
     Each encoder weight goes back through the inverse of the layout change KerasHub's

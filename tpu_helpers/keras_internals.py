@@ -1,8 +1,8 @@
 """The private parts of Keras and KerasHub the Keras 3 engine needs, in one place.
 
 Each is used because no public API does the same, and each was written against the
-versions in ``WRITTEN_FOR``; ``tests/test_keras3.py`` checks every one on the Keras 3
-stack, so that a release that moves or changes one fails there, naming it.
+releases in ``versions.WRITTEN_FOR``; ``tests/test_keras3.py`` checks every one on the
+Keras 3 stack, so that a release that moves or changes one fails there, naming it.
 
 =========================  ==============================================================
 ``hub_converter``          KerasHub's converter of a family from the hub's layout (its
@@ -20,31 +20,11 @@ stack, so that a release that moves or changes one fails there, naming it.
 from __future__ import annotations
 
 __all__ = [
-    "WRITTEN_FOR",
     "hub_converter",
     "sublayers",
     "build_for_training",
     "compiled_with",
-    "versions",
 ]
-
-#: distribution -> the minor versions these internals were read in and tested with
-WRITTEN_FOR = {"keras": ("3.13", "3.14", "3.15"), "keras-hub": ("0.32",)}
-
-
-def versions() -> dict:
-    """The installed versions of ``WRITTEN_FOR``'s distributions, and whether each is one
-    of the versions written for: ``{name: (version, known)}``."""
-    from importlib import metadata
-
-    found = {}
-    for name, minors in WRITTEN_FOR.items():
-        try:
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        found[name] = (version, ".".join(version.split(".")[:2]) in minors)
-    return found
 
 
 def hub_converter(folder: str, config: dict):

@@ -16,7 +16,7 @@ nearly all of them real, at one shape.
   classification head at each example's first token) and gives logits
   ``[rows, max_per_row, labels]``. The weights stay those of the wrapped model, which loads
   and saves with ``from_pretrained`` / ``save_pretrained`` and serves unpacked as usual.
-  Covered (``FAMILIES``): BERT, RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA (their
+  Covered (``families.PACKED``): BERT, RoBERTa, XLM-RoBERTa, CamemBERT and ELECTRA (their
   encoders take an additive mask of any shape that broadcasts to the scores), ALBERT and
   MPNet (the same, through their own encoder signatures; MPNet's relative position buckets
   depend only on the distance between two tokens, so they are the same inside a packed
@@ -44,7 +44,6 @@ from tpu_helpers.validate import (
 )
 
 __all__ = [
-    "FAMILIES",
     "FAMILY",
     "pack_rows",
     "PackReport",
@@ -65,7 +64,6 @@ __all__ = [
 
 #: How each family it covers is packed (``families.FAMILIES``' ``packed``).
 FAMILY = {name: FAMILY_TABLE[name].packed for name in PACKED}
-FAMILIES = PACKED
 
 
 # --- packing ------------------------------------------------------------------------------
@@ -258,9 +256,9 @@ def unsupported_reason(config) -> str | None:
     True
     """
     family = getattr(config, "model_type", None)
-    if family not in FAMILIES:
+    if family not in PACKED:
         return (
-            f"packed fine-tuning covers {', '.join(FAMILIES)} sequence classifiers, not"
+            f"packed fine-tuning covers {', '.join(PACKED)} sequence classifiers, not"
             f" {family!r}. Fix: train it unpacked with the padding widths of"
             " text.padding_boundaries."
         )

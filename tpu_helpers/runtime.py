@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from tpu_helpers._env import distribution_version
 from tpu_helpers.errors import InputError, InstallError
 from tpu_helpers.families import KERAS3
+from tpu_helpers.versions import KERAS_HUB, KERAS_HUB_PIN, KERAS_MINORS, KERAS_REQUIREMENT
 
 __all__ = [
     "STACK",
@@ -41,9 +42,7 @@ __all__ = [
     "pip_argv",
     "requirement_names",
     "install",
-    "KERAS_HUB_PIN",
     "KERAS3_NEEDS",
-    "KERAS3_FAMILIES",
     "ENGINES",
     "EngineChoice",
     "choose_engine",
@@ -95,17 +94,16 @@ PROFILE_PLUGIN_PIN = "tensorboard-plugin-profile==2.24.2"
 #: libtpu releases that load with ``tensorflow-tpu`` 2.20 (first and last, inclusive).
 LIBTPU_KNOWN_GOOD = ((0, 0, 14), (0, 0, 31))
 
-#: KerasHub, which the Keras 3 engine loads hub checkpoints with (``tpu_helpers.keras3``).
-#: Installed ``--no-deps``: it asks for ``tensorflow-text``, which asks for the
-#: ``tensorflow`` distribution and so would replace a runtime's ``tensorflow-cpu``; the
-#: engine never uses tensorflow-text (the checkpoint's own tokenizer tokenizes).
-KERAS_HUB_PIN = "keras-hub==0.32.0"
+#: KerasHub (``versions.KERAS_HUB_PIN``) is installed ``--no-deps``: it asks for
+#: ``tensorflow-text``, which asks for the ``tensorflow`` distribution and so would replace
+#: a runtime's ``tensorflow-cpu``; the engine never uses tensorflow-text (the checkpoint's
+#: own tokenizer tokenizes).
 #: What the Keras 3 engine imports besides the runtime's JAX: Keras 3 of KerasHub's
 #: version, KerasHub's own requirements but tensorflow-text, ``tokenizers`` and
 #: transformers 5 for the checkpoint's tokenizer, and TensorFlow (any build, CPU is
 #: enough) for ``tf.data`` and TensorBoard's summaries.
 KERAS3_NEEDS = {
-    "keras": "keras>=3.15,<4",
+    "keras": KERAS_REQUIREMENT,
     "absl-py": "absl-py",
     "regex": "regex",
     "rich": "rich",
@@ -119,7 +117,7 @@ KERAS3_NEEDS = {
 #: Why the Keras 3 engine's plan installs each thing, as the install cell says before it
 #: runs anything.
 KERAS3_WHY = {
-    "keras": "KerasHub 0.32 asks Keras >= 3.15",
+    "keras": f"KerasHub {KERAS_HUB.rsplit('.', 1)[0]} asks Keras >= {KERAS_MINORS[0]}",
     "keras-hub": "loads the hub's checkpoints into Keras 3 (--no-deps: its tensorflow-text"
     " would bring the full TensorFlow)",
     "tensorflow-cpu": "tf.data and TensorBoard summaries; the CPU build leaves the TPU to JAX",
@@ -129,10 +127,6 @@ KERAS3_WHY = {
 #: What the Keras 3 engine's plan leaves as the runtime has it: JAX and libtpu were built
 #: for each other and for the runtime's TPU, numpy, protobuf and h5py with them.
 KERAS3_KEEPS = ("jax", "jaxlib", "libtpu", "numpy", "protobuf", "h5py")
-#: The ``model_type`` of every checkpoint family the Keras 3 engine trains (the families
-#: table's ``keras3`` column): those KerasHub 0.32 converts from the hub's layout and
-#: whose classification head the table describes. Any other family stays on the TF engine.
-KERAS3_FAMILIES = KERAS3
 #: The two engines: TensorFlow with tf-keras and transformers 4's TF classes (the seeds'
 #: track, notebooks/tf/), and Keras 3 on JAX with KerasHub (the main track, notebooks/).
 ENGINES = ("tf", "keras3")
@@ -303,7 +297,7 @@ def choose_engine(facts: RuntimeFacts, model_type: str | None = None) -> EngineC
     since 2025) runs the Keras 3 engine on that JAX and its libtpu, which nothing replaces;
     so does a machine with Keras 3, JAX and transformers 5 (which has no TF classes, so the
     TF engine cannot run there, tf-keras or not). Everything else
-    runs the TF engine, and so does a family KerasHub cannot load (``KERAS3_FAMILIES``).
+    runs the TF engine, and so does a family KerasHub cannot load (``families.KERAS3``).
 
     >>> facts = RuntimeFacts("kaggle", "tpu", distributions={"jax": "0.7.2",
     ...     "libtpu": "0.0.21", "keras": "3.11.3", "tensorflow-cpu": "2.20.0"})
@@ -311,10 +305,10 @@ def choose_engine(facts: RuntimeFacts, model_type: str | None = None) -> EngineC
     ('keras3', 'tf')
     """
     d = facts.distributions
-    if model_type is not None and model_type not in KERAS3_FAMILIES:
+    if model_type is not None and model_type not in KERAS3:
         return EngineChoice(
             "tf",
-            f"the Keras 3 engine trains {', '.join(KERAS3_FAMILIES)}, not {model_type!r}:"
+            f"the Keras 3 engine trains {', '.join(KERAS3)}, not {model_type!r}:"
             " its checkpoints train on the TF engine (the notebooks of notebooks/tf/)",
         )
     keras = minor(d.get("keras"))

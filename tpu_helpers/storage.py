@@ -11,14 +11,13 @@ import os
 import re
 import tempfile
 
-from tpu_helpers.errors import InputError, InputTypeError, MissingFileError
+from tpu_helpers.errors import InputError, MissingFileError
 
 __all__ = [
     "SHARED_SCHEMES",
     "is_remote",
     "is_shared",
     "copy_tree",
-    "save_pretrained",
     "local_copy",
     "check_folder",
 ]
@@ -106,41 +105,6 @@ def copy_tree(source: str, target: str) -> list[str]:
             tf.io.gfile.copy(f"{folder.rstrip('/')}/{name}", f"{dest}/{name}", overwrite=True)
             written.append(f"{dest}/{name}")
     return written
-
-
-def save_pretrained(output_dir: str, *objects) -> list[str]:
-    """``obj.save_pretrained`` for each object (model, tokenizer, processor) into
-    ``output_dir``, local or remote. Returns the files written.
-
-    A TF model is written as ``distilbert-base-cased`` is on the hub: ``tf_model.h5`` and,
-    beside it, PyTorch-named ``model.safetensors`` (``hub.save_hub_layout``), which
-    PyTorch, transformers 5 and KerasHub load too."""
-    unsavable = [type(o).__name__ for o in objects if not hasattr(o, "save_pretrained")]
-    if not objects or unsavable:
-        raise InputTypeError(
-            f"save_pretrained saves objects that have .save_pretrained (models, tokenizers,"
-            f" processors); got {unsavable or 'nothing'}. Fix:"
-            " save_pretrained(output_dir, model, tokenizer)."
-        )
-    if not is_remote(output_dir):
-        os.makedirs(output_dir, exist_ok=True)
-        for obj in objects:
-            _save(obj, output_dir)
-        return sorted(os.path.join(output_dir, f) for f in os.listdir(output_dir))
-    with tempfile.TemporaryDirectory() as staging:
-        for obj in objects:
-            _save(obj, staging)
-        return copy_tree(staging, output_dir)
-
-
-def _save(obj, folder: str) -> None:
-    if hasattr(obj, "trainable_weights") and hasattr(obj, "config"):  # a TF model
-        from tpu_helpers import hub
-
-        obj.save_pretrained(folder, safe_serialization=False)
-        hub.save_hub_layout(obj, folder)
-    else:
-        obj.save_pretrained(folder)
 
 
 def local_copy(path: str) -> str:

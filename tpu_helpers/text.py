@@ -26,13 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpu_helpers.errors import InputError
-from tpu_helpers.families import OFFSET_POSITIONS, position_limit
+from tpu_helpers.families import position_limit
 from tpu_helpers.validate import check_boundaries, check_labels, check_positive, check_present
 
 __all__ = [
     "SCHEMES",
     "load_text_dataset",
-    "OFFSET_POSITIONS",
     "check_max_length",
     "tokenize",
     "choose_boundaries",

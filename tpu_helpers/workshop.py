@@ -672,9 +672,9 @@ def _pretrained_share(model, checkpoint: str) -> tuple[int, int]:
     """(weights of ``model``'s encoder equal to ``checkpoint``'s, weights compared)."""
     from transformers import TFAutoModel
 
-    from tpu_helpers import hub
+    from tpu_helpers import tf_classes
 
-    reference = _main_layer_weights(hub.from_pretrained(TFAutoModel, checkpoint))
+    reference = _main_layer_weights(tf_classes.from_pretrained(TFAutoModel, checkpoint))
     mine = _main_layer_weights(model)
     common = sorted(set(reference) & set(mine))
     same = sum(np.array_equal(reference[n].numpy(), mine[n].numpy()) for n in common)
