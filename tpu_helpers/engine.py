@@ -227,11 +227,7 @@ def fit_with(
     check_save_every(every_steps, every_minutes, directory)
     cadence = Cadence(every_steps, every_minutes)
     model, log = trainer.model, trainer.log
-    trainer.check(train, validation)
-    steps = trainer.steps_per_epoch(train)
-    for batches in (train, validation):  # positions, labels and ids the model has
-        if batches is not None:
-            batches.check_model(trainer.model_config())
+    steps = _checked_steps(trainer, train, validation)
     run = run_record(trainer, model, train, steps, run)
     epoch, first = trainer.open(directory, run, epochs)
     history = History(directory, write=trainer.writer)
@@ -260,6 +256,16 @@ def fit_with(
         epoch, first = epoch + 1, 0
     trainer.finish()
     return history.merged()
+
+
+def _checked_steps(trainer: Trainer, train, validation) -> int:
+    """The steps of an epoch of ``train``, once the engine and the model's positions,
+    labels and ids have accepted both ``train`` and ``validation``."""
+    trainer.check(train, validation)
+    for batches in (train, validation):
+        if batches is not None:
+            batches.check_model(trainer.model_config())
+    return trainer.steps_per_epoch(train)
 
 
 def run_record(trainer, model, train, steps: int, given: dict | None) -> dict:

@@ -981,6 +981,20 @@ def tf_classes_present() -> bool:
     return int(transformers.__version__.split(".")[0]) < 5 and is_tf_available()
 
 
+def _write_staged(staging: Path, seed: int, train_rows: dict, references: bool) -> None:
+    """Every fixture but the beans (whose listing holds absolute paths) into ``staging``."""
+    write_cola(staging / "cola", seed, train_rows.get("cola"))
+    corpus = [r["sentence"] for rows in make_cola_like(seed).values() for r in rows]
+    write_tiny_distilbert(staging / "tiny-distilbert", corpus, seed)
+    write_mrpc(staging / "mrpc", seed, train_rows.get("mrpc"))
+    write_tiny_bert(staging / "tiny-bert", corpus, seed)
+    write_tiny_vit(staging / "tiny-vit", seed)
+    write_text_corpus(staging / "text-corpus")
+    if references:
+        write_engine_references(staging / "engines", corpus, seed)
+        write_mlm_references(staging / "engines", corpus, seed)
+
+
 def build_fixtures(
     directory: str | os.PathLike,
     seed: int = 0,
@@ -1022,17 +1036,7 @@ def build_fixtures(
     staging = root / ".staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    train_rows = {} if full_splits else CPU_TRAIN_ROWS
-    write_cola(staging / "cola", seed, train_rows.get("cola"))
-    corpus = [r["sentence"] for rows in make_cola_like(seed).values() for r in rows]
-    write_tiny_distilbert(staging / "tiny-distilbert", corpus, seed)
-    write_mrpc(staging / "mrpc", seed, train_rows.get("mrpc"))
-    write_tiny_bert(staging / "tiny-bert", corpus, seed)
-    write_tiny_vit(staging / "tiny-vit", seed)
-    write_text_corpus(staging / "text-corpus")
-    if references:
-        write_engine_references(staging / "engines", corpus, seed)
-        write_mlm_references(staging / "engines", corpus, seed)
+    _write_staged(staging, seed, {} if full_splits else CPU_TRAIN_ROWS, references)
     for name in (*NOTEBOOK_FIXTURES, "engines"):
         shutil.rmtree(root / name, ignore_errors=True)
     # Beans paths are absolute, so write them in place after staging the rest.
