@@ -188,7 +188,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 #: The package's floors, top down (CONTRIBUTING.md draws them): a module imports from its own
 #: floor or the floors above, and the two engines (floor 4) not from each other.
 FLOORS = {
-    0: "errors checks validate families versions _env",
+    0: "errors checks validate families versions messages _env",
     1: "runtime",
     2: "engine pipeline metrics storage hub",
     3: "text records images mlm",
@@ -262,3 +262,27 @@ def test_no_function_runs_over_50_lines_of_code_but_the_known_ones_which_only_sh
                     found[f"{module}.{node.name}"] = lines
     grown = {k: v for k, v in found.items() if v > LONG_FUNCTIONS.get(k, 50)}
     assert grown == {}, f"over 50 lines of code, or longer than listed: {grown}"
+
+
+def test_the_package_speaks_through_one_logger_that_prints_and_can_be_quieted(capsys):
+    import logging
+
+    from tpu_helpers.messages import LOGGER, say
+
+    say("[install] a line")
+    assert capsys.readouterr().out == "[install] a line\n"  # the stdout of the moment
+    level = LOGGER.level
+    try:
+        logging.getLogger("tpu_helpers").setLevel(logging.WARNING)
+        say("not shown")
+        assert capsys.readouterr().out == ""
+    finally:
+        LOGGER.setLevel(level)
+    package = __import__("pathlib").Path(tpu_helpers.__file__).parent
+    printing = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if __import__("re").search(r"(?<![\w.>])print\(", path.read_text())
+    ]
+    # the command line's output and the run report's figures outside IPython are data
+    assert sorted(printing) == ["__main__.py", "report.py"], printing

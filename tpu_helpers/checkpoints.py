@@ -45,6 +45,7 @@ from tpu_helpers.engine import (
     predict_with,
 )
 from tpu_helpers.errors import CheckpointMismatchError, EngineError, InputError
+from tpu_helpers.messages import say
 from tpu_helpers.validate import check_positive
 
 __all__ = [
@@ -72,7 +73,7 @@ class RunCheckpoints:
         optimizer,
         run: dict | None = None,
         max_to_keep: int = 3,
-        log: Callable[[str], None] = print,
+        log: Callable[[str], None] = say,
     ):
         import tensorflow as tf
 
@@ -244,7 +245,7 @@ class TfTrainer:
     """The TF engine's side of ``engine.fit_with`` (see the module doc and
     ``engine``): a compiled tf-keras model (transformers' TF classes) on its strategy."""
 
-    def __init__(self, model, *, log: Callable[[str], None] = print, verbose=2, fit_kwargs=None):
+    def __init__(self, model, *, log: Callable[[str], None] = say, verbose=2, fit_kwargs=None):
         self.model, self.log = model, log
         self.fit_kwargs = {"verbose": verbose, **(fit_kwargs or {})}
         self.max_to_keep = self.fit_kwargs.pop("max_to_keep", 2)  # checkpoints kept
@@ -376,7 +377,7 @@ class TfTrainer:
         return np.concatenate(labels), np.concatenate(preds), np.concatenate(weights)
 
 
-def fit_resumable(model, train, epochs: int, directory: str, *, verbose=2, log=print, **options):
+def fit_resumable(model, train, epochs: int, directory: str, *, verbose=2, log=say, **options):
     """Train a compiled tf-keras ``model`` (transformers' TF classes) on ``train`` (a
     ``pipeline.Batches``) to ``epochs`` epochs, resuming from the newest save in
     ``directory``: ``engine.fit_with`` with ``TfTrainer`` (what it saves, checks and

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tpu_helpers.checks import FAIL, PASS, Check, first_line
+from tpu_helpers.messages import say
 from tpu_helpers.runtime import (
     DATASETS_SPEC,
     HUB_SPEC,
@@ -377,7 +378,7 @@ def doctor(facts: DoctorFacts | None = None, verbose: bool = True) -> list[Check
     checks = [check(facts) for check in (engine_check, *chosen)]
     if verbose:
         for c in checks:
-            print(c.line())
+            say(c.line())
         bad = sum(not c.ok for c in checks)
-        print(f"doctor: {len(checks)} checks, {bad} failing")
+        say(f"doctor: {len(checks)} checks, {bad} failing")
     return checks

@@ -42,6 +42,7 @@ import shutil
 from pathlib import Path
 
 from tpu_helpers.errors import InputError
+from tpu_helpers.messages import say
 
 __all__ = [
     "FIXTURES_VERSION",
@@ -1029,7 +1030,7 @@ def build_fixtures(
     if all(built.get(key) == value for key, value in made.items()):
         if paths.items() <= built.get("paths", {}).items():
             if verbose:
-                print(f"fixtures: up to date in {root}")
+                say(f"fixtures: up to date in {root}")
             return paths
     root.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)  # a build stopped part way is no build
@@ -1047,5 +1048,5 @@ def build_fixtures(
     staging.rmdir()
     stamp.write_text(json.dumps({**made, "paths": paths}, indent=1))
     if verbose:
-        print(f"fixtures: built in {root}")
+        say(f"fixtures: built in {root}")
     return paths

@@ -26,6 +26,7 @@ import numpy as np
 
 from tpu_helpers.checks import first_line
 from tpu_helpers.errors import InputError, MissingFileError
+from tpu_helpers.messages import say
 from tpu_helpers.validate import check_labels, check_positive
 
 __all__ = [
@@ -824,7 +825,7 @@ def image_batches(
     reduced_decode: bool = True,
     max_pixels: int = MAX_PIXELS,
     num_labels: int | None = None,
-    log=print,
+    log=say,
 ):
     """The ``pipeline.Batches`` of image files: ``({"pixel_values": [B, 3, H, W]},
     labels, weights)``.

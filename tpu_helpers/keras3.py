@@ -59,6 +59,7 @@ from tpu_helpers.errors import (
 )
 from tpu_helpers.families import FAMILIES, KERAS3, MLM, Head, MlmHead
 from tpu_helpers.hub import HUB_OPTIONS, _resolve, find_weights
+from tpu_helpers.messages import say
 from tpu_helpers.pipeline import require_batches
 from tpu_helpers.validate import check_learning_rate, check_positive
 from tpu_helpers.versions import KERAS_HUB_PIN, WRITTEN_FOR, installed
@@ -154,7 +155,7 @@ def devices(simulated_replicas: int = 0) -> list:
                 " before JAX is imported (keras3.devices does it when it runs first)."
             )
         found = found[:simulated_replicas]
-    print(f"[keras3] {len(found)} {found[0].platform.upper()} device(s), JAX {jax.__version__}")
+    say(f"[keras3] {len(found)} {found[0].platform.upper()} device(s), JAX {jax.__version__}")
     return found
 
 
@@ -687,13 +688,13 @@ def _load_head(layers, reader, num_labels, ignore_mismatched, checkpoint) -> boo
 
 def _say_what_was_read(checkpoint, reader, layers, head_loaded: bool) -> None:
     if reader.skipped:
-        print(f"[keras3] {checkpoint}: not in the file, so newly initialised: {reader.skipped}")
+        say(f"[keras3] {checkpoint}: not in the file, so newly initialised: {reader.skipped}")
     if not head_loaded:
-        print(f"[keras3] {checkpoint}: a new head, newly initialised: {[n for n, _ in layers]}")
+        say(f"[keras3] {checkpoint}: a new head, newly initialised: {[n for n, _ in layers]}")
     unread = reader.unread()
     if unread:
         shown = ", ".join(unread[:4]) + (" ..." if len(unread) > 4 else "")
-        print(f"[keras3] {checkpoint}: {len(unread)} tensor(s) of the file not used: {shown}")
+        say(f"[keras3] {checkpoint}: {len(unread)} tensor(s) of the file not used: {shown}")
 
 
 def compile_classifier(
@@ -1053,7 +1054,7 @@ class RunSaves:
     (``save(model, ResumePoint(epoch, step), values)`` with the values of the model's
     trainable, non-trainable and optimizer variables, in that order; ``restore(model)``)."""
 
-    def __init__(self, directory: str, run: dict, log=print):
+    def __init__(self, directory: str, run: dict, log=say):
         self.directory, self.run, self.gfile = directory.rstrip("/"), run, _gfile()
         self.log, self.writer = log, is_writer()
         if self.writer:
@@ -1176,7 +1177,7 @@ class JaxTrainer:
     The state is read from the model's variables at each epoch's start, after the
     callbacks (a learning rate they set counts), and written back at its end."""
 
-    def __init__(self, model, *, log=print, verbose=2):
+    def __init__(self, model, *, log=say, verbose=2):
         self.model, self.log, self.verbose = model, log, verbose
         self.hooks = None
         self.writer = is_writer()
@@ -1338,7 +1339,7 @@ def compilations(model) -> dict:
     return dict(steps.compiles) if steps is not None else {}
 
 
-def fit_resumable(model, train, epochs: int, directory: str, *, verbose=2, log=print, **options):
+def fit_resumable(model, train, epochs: int, directory: str, *, verbose=2, log=say, **options):
     """Train a compiled Keras 3 ``model`` (``classifier``, ``masked_lm``, a KerasHub task) on
     ``train`` (a ``pipeline.Batches``) to ``epochs`` epochs, resuming from the newest save
     in ``directory``: ``engine.fit_with`` with ``JaxTrainer`` (what it saves, checks and

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from tpu_helpers.errors import InputError, InputTypeError, MissingFileError, MissingPackageError
+from tpu_helpers.messages import say
 from tpu_helpers.pipeline import InputBoundReport
 from tpu_helpers.validate import check_positive
 
@@ -226,9 +227,9 @@ def show_tensorboard(log_dir: str) -> str:
                 shell.run_line_magic("tensorboard", f"--logdir {log_dir}")
                 return "inline"
         except Exception as err:  # noqa: BLE001  (the magic is a convenience; say why)
-            print(f"TensorBoard could not open inline ({err}); run: {command}")
+            say(f"TensorBoard could not open inline ({err}); run: {command}")
             return "command"
-    print(f"TensorBoard: run `{command}` and open http://localhost:6006")
+    say(f"TensorBoard: run `{command}` and open http://localhost:6006")
     return "command"
 
 
@@ -440,7 +441,7 @@ class CompileWatch:
             )
         return lines
 
-    def callback(self, log: Callable[[str], None] = print):
+    def callback(self, log: Callable[[str], None] = say):
         import tensorflow as tf
 
         watch = self

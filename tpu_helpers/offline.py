@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from tpu_helpers.errors import InputError, MissingFileError
+from tpu_helpers.messages import say
 
 __all__ = ["PARAMS", "parameters_file", "fill_in", "offline_parameters"]
 
@@ -81,7 +82,7 @@ def offline_parameters(
     build_fixtures(build / "fixtures", verbose=verbose, references=False)
     values = fill_in(path.read_text(), build / "fixtures", build / "outputs")
     if verbose:
-        print(f"offline parameters of {path.name}:")
+        say(f"offline parameters of {path.name}:")
         for name, value in values.items():
-            print(f"  {name} = {value!r}")
+            say(f"  {name} = {value!r}")
     return values

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from tpu_helpers._env import distribution_version
 from tpu_helpers.errors import InputError, InstallError
 from tpu_helpers.families import KERAS3
+from tpu_helpers.messages import say
 from tpu_helpers.versions import KERAS_HUB, KERAS_HUB_PIN, KERAS_MINORS, KERAS_REQUIREMENT
 
 __all__ = [
@@ -539,15 +540,15 @@ def unplanned_changes(changes: dict, plan: list[str]) -> list[str]:
 def _say_plan(plan: list[str], facts: RuntimeFacts, engine: str) -> None:
     """The plan, before any of it runs: each command, and for the Keras 3 engine what each
     package replaces and why."""
-    print(f"[install] {facts.platform}/{facts.accelerator}, {engine} engine: will run")
+    say(f"[install] {facts.platform}/{facts.accelerator}, {engine} engine: will run")
     for command in plan:
-        print("   ", command)
+        say(f"    {command}")
         if engine != "keras3":
             continue
         for name in requirement_names(command):
             have = facts.distributions.get(name) or "none"
             why = KERAS3_WHY.get(name, "KerasHub or the engine imports it")
-            print(f"      {name} (installed: {have}): {why}")
+            say(f"      {name} (installed: {have}): {why}")
 
 
 def install(
@@ -575,30 +576,30 @@ def install(
             f"engine={engine!r} is not one of {ENGINES}. Fix: engine='tf' or 'keras3'."
         )
     facts = facts or detect_runtime()
-    print(f"[install] this runtime favours the {choose_engine(facts)}")
+    say(f"[install] this runtime favours the {choose_engine(facts)}")
     plan = install_commands(facts) if engine == "tf" else keras3_install_commands(facts)
     if not plan:
-        print(f"[install] {facts.platform}/{facts.accelerator}: nothing to install.")
+        say(f"[install] {facts.platform}/{facts.accelerator}: nothing to install.")
         return plan
     _say_plan(plan, facts, engine)
     if not facts.hosted:
-        print(f"[install] {facts.platform}: not Colab or Kaggle, so nothing is run.")
+        say(f"[install] {facts.platform}: not Colab or Kaggle, so nothing is run.")
         return plan
     loaded = {name: module for name, module in _MODULES.items() if module in sys.modules}
     changed: list[str] = []
     before = installed()
     for command in plan:
-        print("[install] $", command)
+        say(f"[install] $ {command}")
         run(pip_argv(command), check=True)
         changed += requirement_names(command)
     importlib.invalidate_caches()
     prepare_environment()
     changes = install_changes(before, installed())
     for name, (old, new) in changes.items():
-        print(f"[install] {name}: {old or 'none'} -> {new or 'removed'}")
+        say(f"[install] {name}: {old or 'none'} -> {new or 'removed'}")
     problems = unplanned_changes(changes, plan) if engine == "keras3" else []
     for problem in problems:  # a requirement of what the plan names, moved by pip
-        print(f"[install] also changed: {problem}")
+        say(f"[install] also changed: {problem}")
     kept = [problem for problem in problems if problem.endswith(_KEPT)]
     if kept:
         raise InstallError(
@@ -608,7 +609,7 @@ def install(
         )
     stale = sorted({loaded[name] for name in changed if name in loaded})
     if stale:
-        print(
+        say(
             f"[install] {', '.join(stale)} changed after it was imported in this session:"
             " Runtime -> Restart session, then run the notebook again from the top."
         )

@@ -24,6 +24,7 @@ from tpu_helpers.errors import (
     TimedOutError,
     TpuHelpersError,
 )
+from tpu_helpers.messages import say
 from tpu_helpers.runtime import MAIN_TRACK, RuntimeFacts, detect_runtime
 
 __all__ = [
@@ -253,7 +254,7 @@ def connect(
         else:
             strategy, kind = tf.distribute.get_strategy(), "CPU"
     if verbose:
-        print(describe(strategy, kind, facts))
+        say(describe(strategy, kind, facts))
     return strategy
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from tpu_helpers.errors import InputError
 from tpu_helpers.families import position_limit
+from tpu_helpers.messages import say
 from tpu_helpers.validate import check_boundaries, check_labels, check_positive, check_present
 
 __all__ = [
@@ -87,7 +88,7 @@ def load_text_dataset(
     return data
 
 
-def check_max_length(max_length: int, model_config, *, log=print) -> int:
+def check_max_length(max_length: int, model_config, *, log=say) -> int:
     """Refuse a ``max_length`` the model's position embeddings cannot hold (see
     ``position_limit``; a tokenizer instead of a config raises ``TypeError``). A model
     that names no limit takes ``max_length`` as given, and ``log`` says so."""

@@ -29,7 +29,6 @@ that transformers 5, PyTorch and KerasHub read.
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 from collections.abc import Mapping
@@ -49,8 +48,6 @@ from tpu_helpers.hub import (
 from tpu_helpers.storage import copy_tree, is_remote
 
 __all__ = ["from_pretrained", "float32_outputs", "save_hub_layout", "save_pretrained"]
-
-logger = logging.getLogger(__name__)
 
 
 def from_pretrained(model_class, checkpoint, **kwargs):

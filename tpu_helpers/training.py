@@ -23,6 +23,7 @@ from tpu_helpers.checkpoints import (
     data_errors_explained,
 )
 from tpu_helpers.errors import InputError
+from tpu_helpers.messages import say
 from tpu_helpers.metrics import logits_of
 from tpu_helpers.observe import current_learning_rate
 from tpu_helpers.validate import check_positive
@@ -200,7 +201,7 @@ class CustomLoop:
         *,
         validation=None,
         checkpoint_every: int | None = None,
-        log: Callable[[str], None] = print,
+        log: Callable[[str], None] = say,
         training_log=None,
         max_steps: int | None = None,
     ) -> list[dict]:

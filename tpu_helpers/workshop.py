@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tpu_helpers.errors import TpuHelpersError
+from tpu_helpers.messages import say
 
 __all__ = [
     "values_match",
@@ -52,7 +53,7 @@ def _fail(exercise: str, message: str) -> None:
 
 
 def _ok(exercise: str, message: str) -> None:
-    print(f"OK  exercise {exercise}: {message}")
+    say(f"OK  exercise {exercise}: {message}")
 
 
 def _learners(function: Callable, exercise: str, *args):

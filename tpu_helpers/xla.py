@@ -27,6 +27,7 @@ from tpu_helpers.errors import (
     NotFoundError,
     TpuHelpersError,
 )
+from tpu_helpers.messages import say
 from tpu_helpers.metrics import logits_of
 from tpu_helpers.validate import check_positive
 
@@ -305,12 +306,12 @@ def try_compile(function, *args) -> bool:
     try:
         out = compile_and_run(function, *args)
     except Exception as err:  # noqa: BLE001  (showing the error is the point)
-        print(explain_error(err))
+        say(explain_error(err))
         return False
     if out is None:
-        print("compiled (for the TPU compiler; not run here)")
+        say("compiled (for the TPU compiler; not run here)")
     else:
-        print("compiled:", out.numpy() if out.shape.rank == 0 else out.shape)
+        say(f"compiled: {out.numpy() if out.shape.rank == 0 else out.shape}")
     return True
 
 

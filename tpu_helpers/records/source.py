@@ -14,6 +14,7 @@ import numpy as np
 
 from tpu_helpers.checks import first_line
 from tpu_helpers.errors import InputError, MissingFileError
+from tpu_helpers.messages import say
 from tpu_helpers.records.layout import (
     DTYPES,
     FORMAT,
@@ -346,7 +347,7 @@ def _without_corrupt(shards: list[Shard], compression) -> tuple[list[Shard], lis
         else:
             good.append(Shard(shard.path, count, shard.lengths))
     if skipped:
-        print(
+        say(
             f"records: skipped {len(skipped)} corrupt shard(s), {lost:,} records not read:\n  "
             + "\n  ".join(skipped)
         )
