@@ -170,9 +170,9 @@ def main() -> None:
         args.replicas = args.replicas[0]
         worker(args)
         return
-    from tpu_helpers.fixtures import build_fixtures
-
-    build_fixtures(args.fixtures, verbose=False, full_splits=True)
+    build = "from tpu_helpers.fixtures import build_fixtures as b; import sys"
+    build += "; b(sys.argv[1], verbose=False, full_splits=True)"  # in the TF stack's Python
+    subprocess.run([args.tf_python, "-c", build, args.fixtures], check=True)
     print(
         f"tiny DistilBERT, {args.examples} CoLA-like sentences, global batch {BATCH},"
         f" steps_per_execution {STEPS_PER_EXECUTION}, float32, CPU; later"

@@ -247,3 +247,19 @@ def test_weights_are_deterministic(tmp_path, seed):
                 [line for line in r.stdout.splitlines() if line.startswith(("HASH", "SUM"))]
             )
     assert outs[0] == outs[1] and len(outs[0]) == 2
+
+
+def test_the_cpu_runs_train_on_fewer_rows_and_the_benchmarks_on_the_data_sets_own(tmp_path):
+    from datasets import load_dataset
+
+    from tpu_helpers.fixtures import MRPC_SPLITS, write_cola, write_mrpc
+
+    write_cola(tmp_path / "cpu", 0, CPU_TRAIN_ROWS["cola"])
+    write_cola(tmp_path / "full", 0)  # full_splits: the data set's own sizes
+    write_mrpc(tmp_path / "mrpc", 0, CPU_TRAIN_ROWS.get("mrpc"))
+    for folder, rows in (("cpu", CPU_TRAIN_ROWS["cola"]), ("full", COLA_SPLITS["train"])):
+        cola = load_dataset(str(tmp_path / folder))
+        assert cola.num_rows == {**COLA_SPLITS, "train": rows}, folder
+    mrpc = load_dataset(str(tmp_path / "mrpc"))
+    assert mrpc.num_rows == {**MRPC_SPLITS, "train": CPU_TRAIN_ROWS.get("mrpc", 3668)}
+    assert MRPC_SPLITS["train"] == 3668 and COLA_SPLITS["train"] == 8551  # GLUE's own sizes

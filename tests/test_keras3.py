@@ -31,10 +31,7 @@ from tpu_helpers.errors import (  # noqa: E402
     CheckpointMismatchError,
     TpuHelpersError,
 )
-from tpu_helpers.families import (
-    KERAS3,  # noqa: E402
-    MLM,  # noqa: E402
-)
+from tpu_helpers.families import KERAS3, MLM  # noqa: E402
 from tpu_helpers.fixtures import ENGINE_LEARNING_RATE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -164,39 +164,26 @@ keras3_leg() {
     # notebook 01 at one device on this stack is the no-TPU recipe's run (tests/test_offline.py
     # executes every cell, with the same parameter file): not twice on the longest leg
     rm "build/nbval-$stack/01_text_classification_fit.ipynb"
-    # 03's sentence pairs (their token types written to records and read back) run in the
-    # main job; here 09's pairs carry token types through records, and 01's and 02's pairs
-    # the rest of the pair path: 03's stock run (its own shards, fit) took 150 s of this
-    # leg in the CI rehearsal of 2026-12-06
-    rm "build/nbval-$stack/03_tfrecord_pipeline.pairs.ipynb"
-    # 02's and 05's pairs likewise (the main job runs them): 02's loop and 05's rules take
-    # the pair's features as any others; 150 s and 90 s of this leg on 2026-12-06
+    # The sentence-pair variants of 02, 03, 05 and 09 run in the main job (their token types
+    # through a loop, records and rules that take them as any other feature); 01's and 07's
+    # run here. In the CI rehearsals of 2026-12-06: 03's 150 s, 02's 150 s, 05's 90 s.
     rm "build/nbval-$stack/02_custom_training_loop.pairs.ipynb" \
-      "build/nbval-$stack/05_xla_rules.pairs.ipynb"
-    # and 09's pairs (since 2026-12-06: 01's and 07's carry token types on this leg)
-    rm "build/nbval-$stack/09_input_pipelines_measured.pairs.ipynb"
-    # the teaching page's no-TPU recipe, on the stack without a TF engine. On the other
-    # leg only: the pod-slice rehearsals, the engines' equality for ALBERT, BERT, RoBERTa,
-    # XLM-RoBERTa and ViT (their converters are the same KerasHub's on both legs; 60-90 s
-    # each here, 2026-12-05; notebook 04 trains ViT here), DistilBERT's runs on
-    # both, and the core's refusals of a run that cannot go on (another learning rate, a
-    # nan loss, data that ends early, class ids without an output), which no package
-    # version changes
+      "build/nbval-$stack/03_tfrecord_pipeline.pairs.ipynb" \
+      "build/nbval-$stack/05_xla_rules.pairs.ipynb" \
+      "build/nbval-$stack/09_input_pipelines_measured.pairs.ipynb"
+    # On the other leg only, what no package or JAX version here changes: the pod-slice
+    # rehearsals; the engines' equality and the masked-LM heads of every family (the same
+    # KerasHub converters on both legs); the core's refusals of a run that cannot go on
+    # (another learning rate, a nan loss, data that ends early, class ids without an
+    # output); and the resumes of a killed run, a rebuilt model, packed and masked-LM runs
+    # (the package's own saves). The CI of 2026-12-06 took 2491 s with some of these on both
+    # legs. This leg keeps what its JAX can change: the compile counts, the fused steps,
+    # the no-TPU recipe and the notebooks (02 stops and resumes).
     local skip="two_hosts or two_processes"
-    skip+=" or (same_logits_loss_and_step and (albert or roberta or vit or (bert and not distilbert)))"
+    skip+=" or same_logits_loss_and_step or masked_lm_head_read_from"
     skip+=" or another_learning_rate or no_longer_a_number or data_ends_before"
     skip+=" or class_ids_of_in_memory"
-    # and, on the other leg only since 2026-12-06 (95 s and 67 s here): a killed run's
-    # resume (the package's own saves, the same on both stacks) and BERT's masked-LM head
-    # (the same KerasHub converter; DistilBERT's and RoBERTa's stay here)
-    skip+=" or killed_run_resumes"
-    skip+=" or (masked_lm_head_read_from and bert and not distilbert and not roberta)"
-    # and, since the CI of 2026-12-06 took 2491 s: every engine-equality and masked-LM head
-    # test (the same KerasHub converters on both legs) and the resumes of a rebuilt model,
-    # of packed and of masked-LM runs (the package's own saves). This leg keeps what its JAX
-    # can change: the compile counts, the fused steps, and the notebooks (02 stops and resumes)
-    skip+=" or same_logits_loss_and_step or masked_lm_head_read_from"
-    skip+=" or made_again_resume or stopped_mid_epoch_resumes"
+    skip+=" or killed_run_resumes or made_again_resume or stopped_mid_epoch_resumes"
     more=(tests/test_offline.py -k "not ($skip)")
   fi
   # Each pytest's status is kept: the leg runs under `(leg) || status=$?` (timed_leg), where

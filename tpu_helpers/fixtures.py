@@ -89,7 +89,7 @@ COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
 #: The training rows the notebooks' CPU runs take (fewer CoLA-like sentences than CoLA's, so
-#: that every leg runs each lesson in its time; the same validation splits; the tiny BERT
+#: that every leg runs each lesson in its time; validation splits of the same sizes; the tiny BERT
 #: learns the MRPC-like pairs in two epochs from all of them, not from half). The
 #: benchmarks build the data sets' own sizes (``build_fixtures(..., full_splits=True)``).
 CPU_TRAIN_ROWS = {"cola": 4000}

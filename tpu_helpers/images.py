@@ -1055,7 +1055,7 @@ def image_record_batches(
     from tpu_helpers.records.read import _counted
 
     check_positive(global_batch=global_batch)
-    opened = _counted(open_records(source), print)
+    opened = _counted(open_records(source), say)
     n = opened.num_records
     if not n or (training and n < global_batch):
         raise InputError(

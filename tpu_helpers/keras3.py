@@ -24,7 +24,7 @@ their places.
 ``packed_classifier``  a classifier run on packed rows (``packing.packed_batches``)
 =====================  ===============================================================
 
->>> from tpu_helpers import keras3# doctest: +SKIP
+>>> from tpu_helpers import keras3  # doctest: +SKIP
 >>> distribution = keras3.connect()
 >>> model = keras3.classifier("distilbert-base-cased", num_labels=2)
 """
@@ -1356,11 +1356,12 @@ def fit_resumable(model, train, epochs: int, directory: str, *, verbose=2, log=s
     return fit_with(JaxTrainer(model, log=log, verbose=verbose), train, epochs, directory, **ours)
 
 
-def predict_classes(model, batches):
+def predict_classes(model, batches, strategy=None):
     """``(labels, predictions, weights)`` of one epoch of ``batches`` through a Keras 3
-    ``model``, split over the devices as in ``fit_resumable``: ``engine.predict_with``."""
+    ``model``, split over the devices as in ``fit_resumable``: ``engine.predict_with``
+    (a TF ``strategy`` is refused, naming the fix: the devices are ``connect``'s)."""
     _refuse_tf_keras(model, "predict_classes")
-    return predict_with(JaxTrainer(model), batches)
+    return predict_with(JaxTrainer(model), batches, strategy)
 
 
 def _refuse_tf_keras(model, name: str) -> None:

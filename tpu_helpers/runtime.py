@@ -356,7 +356,7 @@ def keras3_install_commands(facts: RuntimeFacts) -> list[str]:
         have = d.get(name)
         if name == "tensorflow":
             have = facts.tensorflow_version
-        elif name == "keras" and have and minor(have) < (3, 15):
+        elif name == "keras" and have and minor(have) < minor(KERAS_MINORS[0]):
             have = None
         elif name == "transformers" and have and minor(have) < (5, 0):
             have = None

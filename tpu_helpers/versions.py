@@ -1,14 +1,21 @@
 """The releases the Keras 3 engine is written for, in one place.
 
-The install plans (``runtime``), the doctor, the engine's messages and its check of the
-private names it uses (``keras_internals``, at the first model it builds) read them here.
+The install plans (``runtime``), the doctor, the engine's messages and a warning when
+``tpu_helpers.keras3`` is imported (a release not written for) read them here.
 A new KerasHub or Keras release is a change here, then a run of ``tests/test_keras3.py``
 on both Keras 3 legs (it checks every private name against the installed release).
 """
 
 from __future__ import annotations
 
-__all__ = ["KERAS_HUB", "KERAS_HUB_PIN", "KERAS_MINORS", "KERAS_REQUIREMENT", "WRITTEN_FOR"]
+__all__ = [
+    "KERAS_HUB",
+    "KERAS_HUB_PIN",
+    "KERAS_MINORS",
+    "KERAS_REQUIREMENT",
+    "WRITTEN_FOR",
+    "installed",
+]
 
 #: The KerasHub release the engine loads the hub's checkpoints with (pinned: its
 #: converters and private names change between releases).

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpu_helpers.errors import InputError
+from tpu_helpers.messages import say
 from tpu_helpers.pipeline import STREAMS, Batches, seed_pair, seeded_shuffle
 from tpu_helpers.records.layout import RecordsError
 from tpu_helpers.records.plan import (
@@ -121,7 +122,7 @@ def read_records(
     shared_filesystem: bool = False,
     transform=None,
     num_labels: int | None = None,
-    log=print,
+    log=say,
 ) -> Batches:
     """The ``pipeline.Batches`` of TFRecord shards (``open_records`` explains ``source``,
     ``spec``, ``on_corrupt``): ``(features, labels, weights)`` batches of ``global_batch``
