@@ -263,3 +263,39 @@ def test_the_cpu_runs_train_on_fewer_rows_and_the_benchmarks_on_the_data_sets_ow
     mrpc = load_dataset(str(tmp_path / "mrpc"))
     assert mrpc.num_rows == {**MRPC_SPLITS, "train": CPU_TRAIN_ROWS.get("mrpc", 3668)}
     assert MRPC_SPLITS["train"] == 3668 and COLA_SPLITS["train"] == 8551  # GLUE's own sizes
+
+
+def test_two_builders_of_one_folder_take_turns_and_the_second_reads_the_first(
+    tmp_path, monkeypatch
+):
+    import threading
+    import time
+
+    from tpu_helpers import fixtures
+
+    calls = []
+
+    def staged(staging, seed, train_rows, references):  # a slow build, without the models
+        calls.append(threading.current_thread().name)
+        time.sleep(0.5)
+        for name in fixtures.NOTEBOOK_FIXTURES:
+            if name != "beans":  # written in place, as write_beans does
+                (staging / name).mkdir()
+
+    monkeypatch.setattr(fixtures, "_write_staged", staged)
+    monkeypatch.setattr(fixtures, "write_beans", lambda out, seed: out.mkdir())
+    results, errors = [], []
+
+    def build():
+        try:
+            results.append(build_fixtures(tmp_path, references=False, verbose=False))
+        except Exception as error:  # noqa: BLE001 - shown by the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=build, name=f"builder {i}") for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(calls) == 1, (errors, calls)  # one built, one waited and read
+    assert results[0] == results[1] and all(Path(p).is_dir() for p in results[0].values())

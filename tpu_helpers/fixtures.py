@@ -33,6 +33,7 @@ as the hub's own do. The build is idempotent: a stamp file records what was buil
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -1025,15 +1026,44 @@ def build_fixtures(
     names = NOTEBOOK_FIXTURES + (("engines",) if references else ())
     paths = {name: str(root / name) for name in names}
     stamp = root / "fixtures.json"
-    built = json.loads(stamp.read_text()) if stamp.exists() else {}
     made = {"version": FIXTURES_VERSION, "seed": seed, "full_splits": full_splits}
-    if all(built.get(key) == value for key, value in made.items()):
-        if paths.items() <= built.get("paths", {}).items():
-            if verbose:
-                say(f"fixtures: up to date in {root}")
-            return paths
+    if _up_to_date(stamp, made, paths):
+        if verbose:
+            say(f"fixtures: up to date in {root}")
+        return paths
     root.mkdir(parents=True, exist_ok=True)
-    stamp.unlink(missing_ok=True)  # a build stopped part way is no build
+    with _one_builder(root):  # another process building here is waited for
+        if not _up_to_date(stamp, made, paths):  # nor did it build these meanwhile
+            _build(root, names, seed, full_splits, references)
+            stamp.write_text(json.dumps({**made, "paths": paths}, indent=1))
+    if verbose:
+        say(f"fixtures: built in {root}")
+    return paths
+
+
+def _up_to_date(stamp: Path, made: dict, paths: dict) -> bool:
+    """Whether ``stamp`` says a build of ``made`` wrote at least ``paths``."""
+    built = json.loads(stamp.read_text()) if stamp.exists() else {}
+    same = all(built.get(key) == value for key, value in made.items())
+    return same and paths.items() <= built.get("paths", {}).items()
+
+
+@contextlib.contextmanager
+def _one_builder(root: Path):
+    """Hold ``root``'s lock: one process (or thread) builds there at a time."""
+    import fcntl
+
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build(root: Path, names: tuple, seed: int, full_splits: bool, references: bool) -> None:
+    """Every fixture of ``names`` into ``root``, staged first; the stamp is the caller's."""
+    (root / "fixtures.json").unlink(missing_ok=True)  # a build stopped part way is no build
     staging = root / ".staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
@@ -1046,7 +1076,3 @@ def build_fixtures(
         if name != "beans":
             (staging / name).rename(root / name)
     staging.rmdir()
-    stamp.write_text(json.dumps({**made, "paths": paths}, indent=1))
-    if verbose:
-        say(f"fixtures: built in {root}")
-    return paths
