@@ -41,10 +41,10 @@ from tpu_helpers.engine import (
     data_errors_explained,
     fit_options,
     fit_with,
-    is_keras3_model,
     predict_with,
+    require_engine_model,
 )
-from tpu_helpers.errors import CheckpointMismatchError, EngineError, InputError
+from tpu_helpers.errors import CheckpointMismatchError, InputError
 from tpu_helpers.messages import say
 from tpu_helpers.validate import check_positive
 
@@ -384,7 +384,7 @@ def fit_resumable(model, train, epochs: int, directory: str, *, verbose=2, log=s
     refuses is said there). ``options``: ``fit_with``'s (``validation``, ``every_steps``,
     ``every_minutes``, ``run``, ``callbacks``); any other goes to tf-keras' ``fit``
     (``max_to_keep``: the checkpoints kept, 2). Returns every epoch's history."""
-    _refuse_keras3(model, "fit_resumable")
+    require_engine_model(model, "checkpoints", "fit_resumable")
     ours, fit_kwargs = fit_options(options)
     trainer = TfTrainer(model, log=log, verbose=verbose, fit_kwargs=fit_kwargs)
     return fit_with(trainer, train, epochs, directory, **ours)
@@ -393,17 +393,8 @@ def fit_resumable(model, train, epochs: int, directory: str, *, verbose=2, log=s
 def predict_classes(model, batches, strategy=None):
     """``(labels, predictions, weights)`` of one epoch of ``batches`` through a tf-keras
     ``model`` on ``strategy`` (or its own): ``engine.predict_with``."""
-    _refuse_keras3(model, "predict_classes")
+    require_engine_model(model, "checkpoints", "predict_classes")
     return predict_with(TfTrainer(model), batches, strategy)
-
-
-def _refuse_keras3(model, name: str) -> None:
-    if is_keras3_model(model):
-        raise EngineError(
-            f"{type(model).__name__} is a Keras 3 model, and checkpoints.{name} runs tf-keras"
-            f" models (transformers' TF classes). Fix: keras3.{name}(model, ...), the Keras 3"
-            " engine's."
-        )
 
 
 def model_config(model):

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from tpu_helpers.checks import first_line
 from tpu_helpers.errors import (
     CheckpointMismatchError,
+    EngineError,
     InputError,
     InputTypeError,
     TrainingDivergedError,
@@ -45,6 +46,7 @@ __all__ = [
     "fit_with",
     "predict_with",
     "is_keras3_model",
+    "require_engine_model",
     "check_same_run",
     "Cadence",
     "History",
@@ -58,6 +60,26 @@ __all__ = [
 def is_keras3_model(model) -> bool:
     """Whether ``model`` is a Keras 3 model (the JAX engine's), not a tf-keras one."""
     return any(c.__module__.startswith("keras.") for c in type(model).__mro__)
+
+
+#: Each engine's module: whether it trains Keras 3 models, and which models those are.
+ENGINE_MODELS = {
+    "keras3": (True, "Keras 3 models (keras3.classifier, KerasHub's)"),
+    "checkpoints": (False, "tf-keras models (transformers' TF classes)"),
+}
+
+
+def require_engine_model(model, module: str, entry: str) -> None:
+    """Refuse ``model`` at ``<module>.<entry>`` when it is the other engine's, naming the
+    other engine's ``entry`` as the fix."""
+    keras3, trains = ENGINE_MODELS[module]
+    if is_keras3_model(model) != keras3:
+        other = next(name for name in ENGINE_MODELS if name != module)
+        kind = "not a Keras 3" if keras3 else "a Keras 3"
+        raise EngineError(
+            f"{type(model).__name__} is {kind} model, and {module}.{entry} runs {trains}."
+            f" Fix: {other}.{entry}(model, ...), the other engine's."
+        )
 
 
 #: ``fit_with``'s options, which each engine's ``fit_resumable`` passes on.

@@ -47,8 +47,8 @@ from tpu_helpers.engine import (
     check_same_run,
     fit_options,
     fit_with,
-    is_keras3_model,
     predict_with,
+    require_engine_model,
 )
 from tpu_helpers.errors import (
     CheckpointFormatError,
@@ -1345,7 +1345,8 @@ def fit_resumable(model, train, epochs: int, directory: str, *, verbose=2, log=s
     in ``directory``: ``engine.fit_with`` with ``JaxTrainer`` (what it saves, checks and
     refuses is said there). ``options``: ``validation``, ``every_steps``,
     ``every_minutes``, ``run``, ``callbacks``. Returns every epoch's history."""
-    _refuse_tf_keras(model, "fit_resumable")
+    _keras()  # Keras 3 on another backend is refused, with the fix
+    require_engine_model(model, "keras3", "fit_resumable")
     ours, others = fit_options(options)
     if others:
         raise InputTypeError(
@@ -1360,18 +1361,9 @@ def predict_classes(model, batches, strategy=None):
     """``(labels, predictions, weights)`` of one epoch of ``batches`` through a Keras 3
     ``model``, split over the devices as in ``fit_resumable``: ``engine.predict_with``
     (a TF ``strategy`` is refused, naming the fix: the devices are ``connect``'s)."""
-    _refuse_tf_keras(model, "predict_classes")
-    return predict_with(JaxTrainer(model), batches, strategy)
-
-
-def _refuse_tf_keras(model, name: str) -> None:
     _keras()  # Keras 3 on another backend is refused, with the fix
-    if not is_keras3_model(model):
-        raise EngineError(
-            f"{type(model).__name__} is not a Keras 3 model, and keras3.{name} runs Keras 3"
-            f" models (keras3.classifier, KerasHub's). Fix: build it with keras3.classifier;"
-            f" a tf-keras model of transformers' TF classes trains with checkpoints.{name}."
-        )
+    require_engine_model(model, "keras3", "predict_classes")
+    return predict_with(JaxTrainer(model), batches, strategy)
 
 
 def evaluate(model, batches) -> dict:
