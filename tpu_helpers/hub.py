@@ -27,6 +27,8 @@ from tpu_helpers.errors import CheckpointFormatError
 __all__ = [
     "CheckpointFormatError",
     "HUB_OPTIONS",
+    "hub_options",
+    "resolve_file",
     "check_folder_exists",
     "Weights",
     "find_weights",
@@ -60,7 +62,8 @@ class Weights:
     sharded: bool = False
 
 
-def _hub_options(kwargs: dict) -> dict:
+def hub_options(kwargs: dict) -> dict:
+    """The entries of ``kwargs`` that say where the hub's files come from (``HUB_OPTIONS``)."""
     return {k: kwargs[k] for k in HUB_OPTIONS if k in kwargs}
 
 
@@ -82,7 +85,7 @@ def check_folder_exists(checkpoint) -> str:
     )
 
 
-def _resolve(checkpoint: str, filename: str, options: dict) -> str | None:
+def resolve_file(checkpoint: str, filename: str, options: dict) -> str | None:
     """The local path of ``filename`` in a folder or hub repository, or None if it has none."""
     from transformers.utils import cached_file
 
@@ -167,8 +170,8 @@ def find_weights(checkpoint: str, **options) -> Weights:
     """
     checkpoint = check_folder_exists(checkpoint)
     for name, index in ((SAFETENSORS, SAFETENSORS_INDEX), (TF_H5, TF_H5_INDEX)):
-        single = _resolve(checkpoint, name, options)
-        listed = None if single else _resolve(checkpoint, index, options)
+        single = resolve_file(checkpoint, name, options)
+        listed = None if single else resolve_file(checkpoint, index, options)
         if not (single or listed):
             continue
         try:
@@ -184,7 +187,7 @@ def find_weights(checkpoint: str, **options) -> Weights:
         named = "tf" if _safetensors_format(files[0]) == "tf" else "pytorch"
         return Weights(f"{named}-safetensors", files, bool(listed))
     for name in TORCH_PICKLES:
-        found = _resolve(checkpoint, name, options)
+        found = resolve_file(checkpoint, name, options)
         if found:
             return Weights("pytorch-pickle", (found,), name.endswith(".json"))
     raise CheckpointFormatError(
@@ -207,7 +210,7 @@ def load_tokenizer(checkpoint, **kwargs):
 
     checkpoint = check_folder_exists(checkpoint)
     try:  # a tokenizer alone (no config.json) is a tokenizer still
-        config = AutoConfig.from_pretrained(checkpoint, **_hub_options(kwargs))
+        config = AutoConfig.from_pretrained(checkpoint, **hub_options(kwargs))
     except (OSError, ValueError):
         config = None
     try:

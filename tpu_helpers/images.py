@@ -220,9 +220,9 @@ def processor_settings(checkpoint: str, **hub_options) -> SimpleNamespace:
     transformers' processors; ``image_processor_type`` names the class (an older
     ``*FeatureExtractor`` as its ``*ImageProcessor``). Refused, with the fix, when the
     file is missing or names a class whose defaults are not known here."""
-    from tpu_helpers.hub import _resolve
+    from tpu_helpers.hub import resolve_file
 
-    path = _resolve(checkpoint, "preprocessor_config.json", hub_options)
+    path = resolve_file(checkpoint, "preprocessor_config.json", hub_options)
     if path is None:
         raise InputError(
             f"{checkpoint} has no preprocessor_config.json, so its image preprocessing is"

@@ -58,7 +58,7 @@ from tpu_helpers.errors import (
     InputTypeError,
 )
 from tpu_helpers.families import FAMILIES, KERAS3, MLM, Head, MlmHead
-from tpu_helpers.hub import HUB_OPTIONS, _resolve, find_weights
+from tpu_helpers.hub import HUB_OPTIONS, find_weights, resolve_file
 from tpu_helpers.messages import say
 from tpu_helpers.pipeline import require_batches
 from tpu_helpers.validate import check_learning_rate, check_positive
@@ -286,7 +286,7 @@ def checkpoint_folder(checkpoint: str, **options) -> tuple[Path, dict]:
             " Fix: check the spelling; class names are given when saving:"
             " save_hub_layout(model, folder, id2label={0: 'neg', 1: 'pos'})."
         )
-    config_file = _resolve(str(checkpoint), "config.json", options)
+    config_file = resolve_file(str(checkpoint), "config.json", options)
     if not config_file:
         raise CheckpointFormatError(
             f"{checkpoint!r} has no config.json. Fix: a folder in the hub's layout, or a hub"

@@ -39,9 +39,9 @@ from tpu_helpers.hub import (
     HUB_OPTIONS,
     SAFETENSORS,
     Weights,
-    _hub_options,
     check_folder_exists,
     find_weights,
+    hub_options,
     open_safetensors,
     write_hub_weights,
 )
@@ -64,7 +64,7 @@ def from_pretrained(model_class, checkpoint, **kwargs):
     if kwargs.get("from_pt"):  # the caller has PyTorch and asks for its pickles
         return model_class.from_pretrained(checkpoint, **kwargs)
     kwargs.pop("use_safetensors", None)  # the files found decide it
-    weights = find_weights(checkpoint, **_hub_options(kwargs))
+    weights = find_weights(checkpoint, **hub_options(kwargs))
     if weights.layout == "pytorch-pickle":
         raise CheckpointFormatError(
             f"{checkpoint!r} holds its weights only as {Path(weights.files[0]).name}, a"
