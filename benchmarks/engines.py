@@ -32,7 +32,7 @@ BATCH, STEPS_PER_EXECUTION, MAX_LENGTH = 32, 32, 128
 def batches(fixtures: Path, examples: int):
     """Notebook 01's training batches of the CoLA-like fixture, in runs of one width of
     ``steps_per_execution`` batches, and its real tokens."""
-    from tpu_helpers import hub, text
+    from tpu_helpers.data import hub, text
 
     data = text.load_text_dataset(str(fixtures / "cola"))
     tokenizer = hub.load_tokenizer(str(fixtures / "tiny-distilbert"))
@@ -54,7 +54,7 @@ def tf_model(checkpoint: str, replicas: int):
     from transformers import TFAutoModelForSequenceClassification
 
     import tpu_helpers
-    from tpu_helpers import tf_classes
+    from tpu_helpers.tf_engine import tf_classes
 
     strategy = tpu_helpers.connect(simulated_replicas=replicas)
     tf.keras.utils.set_random_seed(0)
@@ -91,7 +91,7 @@ def worker(args) -> None:
     model = build(str(fixtures / "tiny-distilbert"), args.replicas)
     plan, tokens = batches(fixtures, args.examples)
     if args.worker == "tf":  # each engine's entry to the one loop of both, engine.fit_with
-        from tpu_helpers.checkpoints import fit_resumable
+        from tpu_helpers.tf_engine.trainer import fit_resumable
 
         callback_base = __import__("tensorflow").keras.callbacks.Callback
     else:
@@ -170,7 +170,7 @@ def main() -> None:
         args.replicas = args.replicas[0]
         worker(args)
         return
-    build = "from tpu_helpers.fixtures import build_fixtures as b; import sys"
+    build = "from tpu_helpers.teaching.fixtures import build_fixtures as b; import sys"
     build += "; b(sys.argv[1], verbose=False, full_splits=True)"  # in the TF stack's Python
     subprocess.run([args.tf_python, "-c", build, args.fixtures], check=True)
     print(

@@ -1,5 +1,5 @@
 """Image pipeline throughput on CPU: the tutorial's ``map(decode_fn)`` against
-``tpu_helpers.images.image_batches``.
+``tpu_helpers.data.images.image_batches``.
 
     python benchmarks/images.py [--images 300] [--size 224] [--rounds 5]
 
@@ -28,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tpu_helpers import images  # noqa: E402  (sets the Keras flag before TF loads)
-from tpu_helpers.metrics import examples_per_second  # noqa: E402
+from tpu_helpers.core.metrics import examples_per_second  # noqa: E402
+from tpu_helpers.data import images  # noqa: E402  (sets the Keras flag before TF loads)
 
 BATCH = 32
 
@@ -38,7 +38,7 @@ def write_jpegs(folder: Path, n: int) -> tuple[list[str], list[int]]:
     import numpy as np
     from PIL import Image
 
-    from tpu_helpers.fixtures import leaf_image
+    from tpu_helpers.teaching.fixtures import leaf_image
 
     rng = np.random.default_rng(0)
     paths, labels = [], []

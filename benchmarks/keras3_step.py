@@ -7,7 +7,7 @@ where ``OUT`` is set).
     python benchmarks/keras3_step.py /tmp/base-bert [--batch 32] [--width 128] [--steps 64]
 
 Needs Keras 3, KerasHub and JAX, not TensorFlow: the batches are in memory, handed to
-``jax_steps.Steps`` through the two methods it reads of a ``tf.data.Dataset``.
+``steps.Steps`` through the two methods it reads of a ``tf.data.Dataset``.
 """
 
 import argparse
@@ -94,7 +94,7 @@ def main():
     # 1. the engine: jax_steps.Steps, per_call steps fused per compiled call
     model = keras3.classifier(a.checkpoint, num_labels=2, verbose=False)
     keras3.compile_classifier(model, 3e-5, steps_per_execution=a.per_call)
-    from tpu_helpers.jax_steps import Steps
+    from tpu_helpers.keras3.steps import Steps
 
     steps = Steps.of(model)
     steps.build(data[0])

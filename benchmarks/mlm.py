@@ -26,9 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tpu_helpers import hub, mlm, tf_classes  # noqa: E402  (sets the Keras flag before TF loads)
-from tpu_helpers.fixtures import build_fixtures  # noqa: E402
-from tpu_helpers.metrics import examples_per_second  # noqa: E402
+from tpu_helpers.core.metrics import examples_per_second  # noqa: E402
+from tpu_helpers.data import hub, mlm  # noqa: E402
+from tpu_helpers.teaching.fixtures import build_fixtures  # noqa: E402
+from tpu_helpers.tf_engine import tf_classes  # noqa: E402  (sets the Keras flag before TF loads)
 
 
 def main() -> None:

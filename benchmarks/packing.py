@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from tpu_helpers import hub, packing, text  # noqa: E402  (sets the Keras flag before TF loads)
+from tpu_helpers.data import hub, packing, text  # noqa: E402  (sets the Keras flag before TF loads)
 
 TOKENS_PER_BATCH = 4096  # rows x width of every batch, packed or bucketed (32 x 128)
 
@@ -206,7 +206,7 @@ def main() -> None:
     parser.add_argument("--fixtures", default=str(ROOT / "build" / "fixtures-full"))
     args = parser.parse_args()
 
-    from tpu_helpers.fixtures import build_fixtures
+    from tpu_helpers.teaching.fixtures import build_fixtures
 
     build_fixtures(Path(args.fixtures), verbose=False, full_splits=True)
     for task in TASKS if args.task == "both" else [args.task]:

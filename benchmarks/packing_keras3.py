@@ -53,7 +53,7 @@ def wider_checkpoint(tiny: Path, folder: Path) -> Path:
     a shape that does not fit the config)."""
     from safetensors.numpy import load_file
 
-    from tpu_helpers.hub import write_hub_weights
+    from tpu_helpers.data.hub import write_hub_weights
 
     config = json.loads((tiny / "config.json").read_text())
     resize = {config["hidden_size"]: SIZE["hidden_size"]}
@@ -107,7 +107,8 @@ def rate(model, batches, real_tokens: int, epochs: int, folder: str) -> float:
 def compare(checkpoint: Path, task: str, args, replicas: int) -> list[float]:
     """Real tokens/s of the bucketed run and of the packed ones (``ROWS``), printed with
     the ratios packed / bucketed; returns the ratios."""
-    from tpu_helpers import hub, keras3, packing, text
+    from tpu_helpers import keras3
+    from tpu_helpers.data import hub, packing, text
 
     tokenized, _ = load(Path(args.fixtures), args.examples, task)
     tokenizer = hub.load_tokenizer(str(checkpoint))
@@ -166,7 +167,7 @@ def main() -> None:
         parser.error(f"--epochs {args.epochs}: the first epoch compiles; give 2 or more")
 
     from tpu_helpers import keras3
-    from tpu_helpers.fixtures import build_fixtures
+    from tpu_helpers.teaching.fixtures import build_fixtures
 
     build_fixtures(args.fixtures, verbose=False, full_splits=True)
     keras3.connect(args.replicas)

@@ -1,4 +1,4 @@
-"""TFRecord writing and reading on CPU: the tutorial's code against ``tpu_helpers.records``.
+"""TFRecord writing and reading on CPU: the tutorial's code against ``tpu_helpers.data.records``.
 
     python benchmarks/records.py [--repeats 5]
 
@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from tpu_helpers import hub, records  # noqa: E402  (sets the Keras flag before TF loads)
-from tpu_helpers.metrics import count_examples  # noqa: E402
+from tpu_helpers.core.metrics import count_examples  # noqa: E402
+from tpu_helpers.data import hub, records  # noqa: E402  (sets the Keras flag before TF loads)
 
 BATCH = 32
 
@@ -123,7 +123,7 @@ def main() -> None:
 
     import tensorflow as tf
 
-    from tpu_helpers.fixtures import build_fixtures
+    from tpu_helpers.teaching.fixtures import build_fixtures
 
     build_fixtures(Path(args.fixtures), verbose=False, full_splits=True)
     enc, labels, padded, unpadded = load(Path(args.fixtures))
@@ -160,7 +160,7 @@ def main() -> None:
     # the same examples unpadded: written grouped by length, read back padded per batch
     records.write_records(unpadded, f"{tmp}/bucketed", shard_records=n // 16 + 1, progress=False)
     bucketed = records.open_records(f"{tmp}/bucketed")
-    from tpu_helpers.text import choose_boundaries
+    from tpu_helpers.data.text import choose_boundaries
 
     widths = choose_boundaries(records.record_lengths(bucketed), max_shapes=4)
     files = sorted(tf.io.gfile.glob(f"{shard_dirs['local']}/*.tfrecord"))

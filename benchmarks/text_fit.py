@@ -24,8 +24,9 @@ import numpy as np
 import tensorflow as tf  # noqa: E402  (after tpu_helpers)
 from transformers import TFAutoModelForSequenceClassification  # noqa: E402
 
-from tpu_helpers import hub, text, tf_classes
-from tpu_helpers.fixtures import build_fixtures
+from tpu_helpers.data import hub, text
+from tpu_helpers.teaching.fixtures import build_fixtures
+from tpu_helpers.tf_engine import tf_classes
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = 32

@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tpu_helpers import hub, text, tf_classes, xla_runs  # noqa: E402  (sets the Keras flag before TF loads)
+from tpu_helpers.data import hub, text  # noqa: E402
+from tpu_helpers.tf_engine import tf_classes, xla_runs  # noqa: E402  (sets the Keras flag before TF loads)
 
 BATCH = 32
 
@@ -63,7 +64,7 @@ def main() -> None:
     from datasets import load_dataset
     from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers.fixtures import build_fixtures
+    from tpu_helpers.teaching.fixtures import build_fixtures
 
     fixtures = Path(args.fixtures)
     build_fixtures(fixtures, verbose=False, full_splits=True)

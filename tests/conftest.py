@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def fixtures_dir() -> Path:
     """The offline fixtures, built once into build/fixtures (shared with the notebook run),
     with the TF engine's numbers (``engines``) that the Keras 3 engine's tests compare with."""
-    from tpu_helpers.fixtures import build_fixtures
+    from tpu_helpers.teaching.fixtures import build_fixtures
 
     folder = ROOT / "build" / "fixtures"
     build_fixtures(folder, verbose=False)
@@ -86,7 +86,7 @@ def cola_with_row_5(fixtures_dir):
 
     from datasets import Value
 
-    from tpu_helpers import hub, text
+    from tpu_helpers.data import hub, text
 
     checkpoint = fixtures_dir / "tiny-distilbert"
     data = text.load_text_dataset(str(fixtures_dir / "cola"))
@@ -125,7 +125,7 @@ def broken_checkpoints(fixtures_dir, tmp_path):
 
     from safetensors.numpy import load_file
 
-    from tpu_helpers import hub
+    from tpu_helpers.data import hub
 
     source = fixtures_dir / "tiny-distilbert"
     truncated = tmp_path / "truncated"

@@ -23,7 +23,9 @@ import signal
 
 import numpy as np
 
-from tpu_helpers import hub, keras3, pipeline, records, text
+from tpu_helpers import keras3
+from tpu_helpers.core import pipeline
+from tpu_helpers.data import hub, records, text
 
 EPOCHS, BATCH, ROWS = 2, 16, 96
 EXAMPLES = re.compile(r"epoch \d+: .* ([\d,]+) examples,")  # the engine's epoch line

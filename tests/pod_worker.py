@@ -21,8 +21,8 @@ import sys
 import numpy as np
 import tensorflow as tf  # noqa: E402  (after tpu_helpers through records below)
 
-from tpu_helpers import records, text
-from tpu_helpers.training import CustomLoop
+from tpu_helpers.data import records, text
+from tpu_helpers.tf_engine.custom_loop import CustomLoop
 
 PER_REPLICA = 8
 EPOCHS = 2

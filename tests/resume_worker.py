@@ -1,4 +1,4 @@
-"""Train a tiny model with ``checkpoints.fit_resumable`` (or ``CustomLoop.fit`` with
+"""Train a tiny model with ``trainer.fit_resumable`` (or ``CustomLoop.fit`` with
 ``--loop custom``) for ``test_checkpoints``: on notebook 01's in-memory bucketed batches,
 notebook 03's TFRecord shards (``--data records``) or notebook 06's masked blocks read from
 shards (``--data masked``); uninterrupted, killed with SIGKILL when a step is about to
@@ -94,7 +94,7 @@ def custom_loop(model, args):
     """A ``CustomLoop`` on ``model``, two steps a call, its calls watched."""
     import tensorflow as tf
 
-    from tpu_helpers.training import CustomLoop
+    from tpu_helpers.tf_engine.custom_loop import CustomLoop
 
     loop = CustomLoop(
         tf.distribute.get_strategy(), model, model.optimizer, BATCH, args.dir, steps_per_call=2
@@ -123,7 +123,8 @@ def main():
 
     import tensorflow as tf
 
-    from tpu_helpers import checkpoints, text
+    from tpu_helpers.data import text
+    from tpu_helpers.tf_engine import trainer
 
     tf.config.experimental.enable_op_determinism()
     tf.keras.utils.set_random_seed(0)
@@ -133,7 +134,7 @@ def main():
     assert train_batches.steps_per_epoch == text.count_steps(split["length"], WIDTHS, BATCH)
 
     if args.data != "memory":  # notebooks 03 and 06: shards written once, read per epoch
-        from tpu_helpers import mlm, records
+        from tpu_helpers.data import mlm, records
 
         folder = f"{args.dir}-records"
         if args.data == "masked":  # blocks of 16 token ids, no labels: the masks make them
@@ -165,7 +166,7 @@ def main():
         watch = watchers(model, args)  # one interrupt in all
 
         def train():
-            return checkpoints.fit_resumable(
+            return trainer.fit_resumable(
                 model,
                 train_batches,
                 EPOCHS,

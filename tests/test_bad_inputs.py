@@ -9,24 +9,11 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tpu_helpers import (
-    checkpoints,
-    images,
-    metrics,
-    mlm,
-    observe,
-    packing,
-    pipeline,
-    records,
-    report,
-    storage,
-    strategy,
-    text,
-    tf_classes,
-    validate,
-    xla,
-)
-from tpu_helpers.records import RecordsError
+from tpu_helpers.core import metrics, pipeline, storage, validate
+from tpu_helpers.data import images, mlm, packing, records, shapes, text
+from tpu_helpers.data.records import RecordsError
+from tpu_helpers.teaching import report
+from tpu_helpers.tf_engine import observe, strategy, tf_classes, trainer
 
 SPEC = images.ImageSpec(32, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
@@ -61,7 +48,7 @@ def _gzip_records(tmp_path):
 
 
 def _tiny_loop():
-    from tpu_helpers.training import CustomLoop
+    from tpu_helpers.tf_engine.custom_loop import CustomLoop
 
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
     return CustomLoop(tf.distribute.get_strategy(), model, tf.keras.optimizers.SGD(), 8)
@@ -166,19 +153,19 @@ CASES = [
     ),
     (
         "resumable fit for 2.5 epochs",
-        lambda tmp: checkpoints.fit_resumable(_compiled(), _plan(), 2.5, str(tmp)),
+        lambda tmp: trainer.fit_resumable(_compiled(), _plan(), 2.5, str(tmp)),
         ValueError,
         r"epochs=2.5 must be a positive integer",
     ),
     (
         "resumable fit on a dataset function",
-        lambda tmp: checkpoints.fit_resumable(_compiled(), lambda e, s: None, 2, str(tmp)),
+        lambda tmp: trainer.fit_resumable(_compiled(), lambda e, s: None, 2, str(tmp)),
         TypeError,
         r"fit_resumable takes a pipeline.Batches, not function.*pipeline.from_dataset_fn",
     ),
     (
         "resumable fit on a dataset",
-        lambda tmp: checkpoints.fit_resumable(_compiled(), tf.data.Dataset.range(3), 2, str(tmp)),
+        lambda tmp: trainer.fit_resumable(_compiled(), tf.data.Dataset.range(3), 2, str(tmp)),
         TypeError,
         r"fit_resumable takes a pipeline.Batches.*pipeline.from_dataset_fn",
     ),
@@ -378,13 +365,13 @@ CASES = [
     ),
     (
         "xla: shapes of 0 batches",
-        lambda tmp: xla.shape_report(tf.data.Dataset.range(3).batch(1), n=0),
+        lambda tmp: shapes.shape_report(tf.data.Dataset.range(3).batch(1), n=0),
         ValueError,
         r"n=0 must be a positive integer",
     ),
     (
         "xla: shapes of a number",
-        lambda tmp: xla.shape_report(5),
+        lambda tmp: shapes.shape_report(5),
         TypeError,
         r"not a int. Fix: pass the dataset",
     ),
@@ -432,19 +419,19 @@ CASES = [
     ),
     (
         "checkpoints: saves every -1 minutes",
-        lambda tmp: checkpoints.fit_resumable(_compiled(), _plan(), 2, str(tmp), every_minutes=-1),
+        lambda tmp: trainer.fit_resumable(_compiled(), _plan(), 2, str(tmp), every_minutes=-1),
         ValueError,
         r"every_minutes=-1 must be a number of minutes. Fix",
     ),
     (
         "checkpoints: no checkpoint folder",
-        lambda tmp: checkpoints.fit_resumable(_compiled(), _plan(), 2, None),
+        lambda tmp: trainer.fit_resumable(_compiled(), _plan(), 2, None),
         TypeError,
         r"directory=None must be a folder path.*Fix",
     ),
     (
         "a save folder written as a malformed URL",
-        lambda tmp: checkpoints.fit_resumable(_compiled(), _plan(), 2, "gs:/bucket/run"),
+        lambda tmp: trainer.fit_resumable(_compiled(), _plan(), 2, "gs:/bucket/run"),
         ValueError,
         r"'gs:/bucket/run' is neither a local folder nor a well-formed URL.*Fix: gs://bucket/run",
     ),
@@ -470,7 +457,7 @@ def test_folders_are_skipped_and_counted_and_misnamed_files_kept(folder, capsys)
 
 
 def test_a_single_remote_file_is_copied_to_the_local_disk():
-    from tpu_helpers.storage import local_copy
+    from tpu_helpers.core.storage import local_copy
 
     with tf.io.gfile.GFile("ram://bad-inputs/vocab.txt", "w") as f:
         f.write("[PAD]\n[UNK]\n")

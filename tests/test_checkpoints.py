@@ -162,7 +162,7 @@ def tiny(units=3):
 
 
 def test_another_run_another_model_and_damaged_files_are_named(tmp_path):
-    from tpu_helpers.checkpoints import CheckpointMismatchError, RunCheckpoints
+    from tpu_helpers.tf_engine.trainer import CheckpointMismatchError, RunCheckpoints
 
     folder = str(tmp_path / "ckpt")
     model = tiny()
@@ -192,8 +192,8 @@ def test_another_run_another_model_and_damaged_files_are_named(tmp_path):
 def test_a_model_without_weights_is_refused_with_the_fix(tmp_path):
     import tensorflow as tf
 
-    from tpu_helpers import pipeline
-    from tpu_helpers.checkpoints import fit_resumable
+    from tpu_helpers.core import pipeline
+    from tpu_helpers.tf_engine.trainer import fit_resumable
 
     model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
     model.compile("adam", "mse")
@@ -210,8 +210,8 @@ def test_a_model_without_weights_is_refused_with_the_fix(tmp_path):
 def test_checkpoints_of_another_global_batch_are_refused(tmp_path):
     import tensorflow as tf
 
-    from tpu_helpers import pipeline
-    from tpu_helpers.checkpoints import CheckpointMismatchError, fit_resumable
+    from tpu_helpers.core import pipeline
+    from tpu_helpers.tf_engine.trainer import CheckpointMismatchError, fit_resumable
 
     def model():
         x = tf.keras.Input((4,), name="x")
@@ -240,7 +240,7 @@ def _tiny_tf_run(rate=1e-3, loss="mse", steps_per_execution=1):
     """A two-weight tf-keras model compiled with Adam(``rate``), and 8 rows in batches of 4."""
     import tensorflow as tf
 
-    from tpu_helpers import pipeline
+    from tpu_helpers.core import pipeline
 
     x = tf.keras.Input((4,), name="x")
     model = tf.keras.Model({"x": x}, tf.keras.layers.Dense(2)(x))
@@ -250,7 +250,7 @@ def _tiny_tf_run(rate=1e-3, loss="mse", steps_per_execution=1):
 
 
 def test_a_run_resumed_with_another_learning_rate_is_refused_naming_both(tmp_path):
-    from tpu_helpers.checkpoints import CheckpointMismatchError, fit_resumable
+    from tpu_helpers.tf_engine.trainer import CheckpointMismatchError, fit_resumable
 
     model, four = _tiny_tf_run(1e-3)
     fit_resumable(model, four, 1, str(tmp_path), log=lambda _: None, verbose=0)
@@ -272,8 +272,8 @@ def test_a_run_resumed_with_another_learning_rate_is_refused_naming_both(tmp_pat
 def test_the_optimizer_record_names_a_schedules_change_and_sees_through_a_loss_scale():
     import tensorflow as tf
 
-    from tpu_helpers.engine import check_same_run, optimizer_record
-    from tpu_helpers.errors import CheckpointMismatchError
+    from tpu_helpers.core.engine import check_same_run, optimizer_record
+    from tpu_helpers.core.errors import CheckpointMismatchError
 
     def cosine(steps):
         schedule = tf.keras.optimizers.schedules.CosineDecay(1e-3, steps)
@@ -294,8 +294,8 @@ def test_the_optimizer_record_names_a_schedules_change_and_sees_through_a_loss_s
 def test_a_loss_that_is_no_longer_a_number_stops_the_run_before_it_saves(tmp_path):
     import tensorflow as tf
 
-    from tpu_helpers.checkpoints import fit_resumable
-    from tpu_helpers.errors import TrainingDivergedError
+    from tpu_helpers.core.errors import TrainingDivergedError
+    from tpu_helpers.tf_engine.trainer import fit_resumable
 
     said = []
     model, four = _tiny_tf_run()
@@ -318,8 +318,8 @@ def test_a_loss_that_is_no_longer_a_number_stops_the_run_before_it_saves(tmp_pat
 def test_an_epoch_whose_data_ends_before_its_steps_is_refused_before_its_save(tmp_path):
     import tensorflow as tf
 
-    from tpu_helpers import pipeline
-    from tpu_helpers.checkpoints import fit_resumable
+    from tpu_helpers.core import pipeline
+    from tpu_helpers.tf_engine.trainer import fit_resumable
 
     rows = tf.data.Dataset.from_tensor_slices(
         ({"x": np.ones((4, 4), np.float32)}, np.zeros((4, 2), np.float32), np.ones(4, np.float32))
@@ -342,8 +342,8 @@ def test_the_resume_pieces_of_a_plain_fit_loop(tmp_path):
     import numpy as np
     import tensorflow as tf
 
-    from tpu_helpers.checkpoints import RunCheckpoints
-    from tpu_helpers.pipeline import from_arrays
+    from tpu_helpers.core.pipeline import from_arrays
+    from tpu_helpers.tf_engine.trainer import RunCheckpoints
 
     def named():  # takes the pipeline's feature dict
         x = tf.keras.Input((4,), name="x")
@@ -375,8 +375,8 @@ def test_labels_and_token_ids_the_model_has_no_row_for_are_refused_before_any_st
     import tensorflow as tf
     from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers import tf_classes
-    from tpu_helpers.checkpoints import fit_resumable
+    from tpu_helpers.tf_engine import tf_classes
+    from tpu_helpers.tf_engine.trainer import fit_resumable
 
     checkpoint, batches, cases = cola_with_row_5
     model = tf_classes.from_pretrained(
@@ -399,8 +399,9 @@ def test_a_folder_of_another_checkpoints_run_is_not_resumed_in_its_place(
     import tensorflow as tf
     from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers import pipeline, tf_classes
-    from tpu_helpers.checkpoints import CheckpointMismatchError, fit_resumable
+    from tpu_helpers.core import pipeline
+    from tpu_helpers.tf_engine import tf_classes
+    from tpu_helpers.tf_engine.trainer import CheckpointMismatchError, fit_resumable
 
     def model_of(checkpoint):
         model = tf_classes.from_pretrained(

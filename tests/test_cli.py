@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from tpu_helpers.doctor import CHECKS
+from tpu_helpers.runtime.doctor import CHECKS
 
 
 def cli(*args):

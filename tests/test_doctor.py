@@ -3,10 +3,10 @@ import sys
 
 import pytest
 
-import tpu_helpers.doctor  # noqa: F401  (the module; the package exports the function)
+import tpu_helpers.runtime.doctor  # noqa: F401  (the module; the package exports the function)
 from tpu_helpers.runtime import RuntimeFacts
 
-d = sys.modules["tpu_helpers.doctor"]
+d = sys.modules["tpu_helpers.runtime.doctor"]
 
 GOOD_VERSIONS = {
     "tensorflow": "2.21.0",

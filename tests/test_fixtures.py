@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import run_python
 
-from tpu_helpers.fixtures import (
+from tpu_helpers.teaching.fixtures import (
     BEANS_CLASSES,
     COLA_SPLITS,
     CPU_TRAIN_ROWS,
@@ -41,7 +41,7 @@ def test_cola_like_shape_like_cola():
 
 
 def test_unacceptable_sentences_carry_a_detectable_error():
-    from tpu_helpers.fixtures import _DETS, _VERBS
+    from tpu_helpers.teaching.fixtures import _DETS, _VERBS
 
     rng = random.Random(1)
     bad_forms = set(_VERBS.values())
@@ -83,7 +83,7 @@ def test_build_writes_loadable_artifacts_and_is_idempotent(fixtures_dir, capsys)
         for m in re.findall(r"\$\{FIXTURES\}/([\w-]+)", f.read_text())
     }
     assert read and read <= set(NOTEBOOK_FIXTURES), read - set(NOTEBOOK_FIXTURES)
-    from tpu_helpers.families import KERAS3
+    from tpu_helpers.core.families import KERAS3
 
     for family in KERAS3:  # the Keras 3 engine's references (tests/test_keras3.py)
         folder = Path(paths["engines"]) / family
@@ -118,7 +118,8 @@ def test_build_writes_loadable_artifacts_and_is_idempotent(fixtures_dir, capsys)
 def test_checkpoints_load_like_the_hub_ones(fixtures_dir):
     result = run_python(
         f"""
-        from tpu_helpers import hub, tf_classes
+        from tpu_helpers.data import hub
+        from tpu_helpers.tf_engine import tf_classes
         from transformers import (AutoImageProcessor,
             TFAutoModelForImageClassification, TFAutoModelForSequenceClassification)
         tok = hub.load_tokenizer("{fixtures_dir}/tiny-distilbert")
@@ -151,7 +152,9 @@ def test_the_weight_table_is_what_transformers_saves(tmp_path, family):
         import numpy as np
         from transformers import (TFAutoModelForImageClassification,
             TFAutoModelForMaskedLM, ViTConfig)
-        from tpu_helpers import fixtures, hub, tf_classes
+        from tpu_helpers.teaching import fixtures
+        from tpu_helpers.data import hub
+        from tpu_helpers.tf_engine import tf_classes
 
         def tensors(folder):
             from safetensors.numpy import load_file
@@ -187,7 +190,7 @@ def test_a_build_without_the_references_is_completed_by_one_that_wants_them(tmp_
     """Where transformers has no TF classes the notebooks' part is built alone; a later
     build that wants the engines' references builds them; one that wants fewer builds
     nothing. (The writers are stubs here: what they write is tested above.)"""
-    import tpu_helpers.fixtures as fixtures
+    import tpu_helpers.teaching.fixtures as fixtures
 
     calls = []
 
@@ -225,13 +228,14 @@ def test_weights_are_deterministic(tmp_path, seed):
     code = """
         import sys, tpu_helpers, hashlib
         from pathlib import Path
-        from tpu_helpers.fixtures import write_tiny_distilbert
+        from tpu_helpers.teaching.fixtures import write_tiny_distilbert
         out = Path(sys.argv[1])
         write_tiny_distilbert(out, ["the dog ate the cake ."] * 20, seed={seed})
         print("HASH", hashlib.sha256((out / "tokenizer.json").read_bytes()).hexdigest()[:16])
         import tensorflow as tf
         from transformers import TFAutoModel
-        from tpu_helpers import hub, tf_classes
+        from tpu_helpers.data import hub
+        from tpu_helpers.tf_engine import tf_classes
         w = tf_classes.from_pretrained(TFAutoModel, out).get_weights()
         print("SUM", sum(float(abs(x).sum()) for x in w))
     """.replace("{seed}", str(seed))
@@ -252,7 +256,7 @@ def test_weights_are_deterministic(tmp_path, seed):
 def test_the_cpu_runs_train_on_fewer_rows_and_the_benchmarks_on_the_data_sets_own(tmp_path):
     from datasets import load_dataset
 
-    from tpu_helpers.fixtures import MRPC_SPLITS, write_cola, write_mrpc
+    from tpu_helpers.teaching.fixtures import MRPC_SPLITS, write_cola, write_mrpc
 
     write_cola(tmp_path / "cpu", 0, CPU_TRAIN_ROWS["cola"])
     write_cola(tmp_path / "full", 0)  # full_splits: the data set's own sizes
@@ -271,7 +275,7 @@ def test_two_builders_of_one_folder_take_turns_and_the_second_reads_the_first(
     import threading
     import time
 
-    from tpu_helpers import fixtures
+    from tpu_helpers.teaching import fixtures
 
     calls = []
 

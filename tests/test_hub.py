@@ -18,7 +18,10 @@ from transformers import (
     TFAutoModelForSequenceClassification,
 )
 
-from tpu_helpers import families, fixtures, hub, tf_classes
+from tpu_helpers.core import families
+from tpu_helpers.data import hub
+from tpu_helpers.teaching import fixtures
+from tpu_helpers.tf_engine import tf_classes
 
 
 def weights_by_name(model, layer=None) -> dict[str, np.ndarray]:
@@ -225,7 +228,7 @@ def test_a_broken_download_is_named_with_the_fix(broken_checkpoints, kind):
     the safetensors or OS error from inside."""
     from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers.errors import CheckpointFormatError
+    from tpu_helpers.core.errors import CheckpointFormatError
 
     folder = broken_checkpoints[kind]
     with pytest.raises(CheckpointFormatError, match=r"model.*safetensors.*Fix: download the"):
@@ -235,7 +238,7 @@ def test_a_broken_download_is_named_with_the_fix(broken_checkpoints, kind):
 def test_a_path_that_is_no_folder_here_is_named_with_the_working_directory(
     fixtures_dir, tmp_path, monkeypatch
 ):
-    from tpu_helpers.errors import CheckpointFormatError
+    from tpu_helpers.core.errors import CheckpointFormatError
 
     monkeypatch.chdir(tmp_path)
     for given in ("outputs/01_cola/model", "./model", str(tmp_path / "nothing"), "~/nothing/x"):

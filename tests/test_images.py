@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tpu_helpers import images
-from tpu_helpers.fixtures import leaf_image
+from tpu_helpers.data import images
+from tpu_helpers.teaching.fixtures import leaf_image
 
 SPEC = images.ImageSpec(32, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 

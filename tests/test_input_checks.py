@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from tpu_helpers import records, text
-from tpu_helpers.records import RecordsError
+from tpu_helpers.data import records, text
+from tpu_helpers.data.records import RecordsError
 
 
 # --- text.choose_boundaries: max_shapes ----------------------------------------------

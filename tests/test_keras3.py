@@ -26,13 +26,13 @@ else:
 from conftest import CompileLog  # noqa: E402
 
 from tpu_helpers import keras3  # noqa: E402
-from tpu_helpers.errors import (  # noqa: E402
+from tpu_helpers.core.errors import (  # noqa: E402
     CheckpointFormatError,
     CheckpointMismatchError,
     TpuHelpersError,
 )
-from tpu_helpers.families import KERAS3, MLM  # noqa: E402
-from tpu_helpers.fixtures import ENGINE_LEARNING_RATE  # noqa: E402
+from tpu_helpers.core.families import KERAS3, MLM  # noqa: E402
+from tpu_helpers.teaching.fixtures import ENGINE_LEARNING_RATE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DISTRIBUTION = keras3.connect(8)
@@ -81,7 +81,7 @@ def test_both_engines_give_the_same_logits_loss_and_step(fixtures_dir, family, t
         assert max_logit_gap(model, features, ref["logits_after_step"]) < AFTER_STEP_TOLERANCE
 
     # the same step through the engine's own compiled steps (fit_resumable)
-    from tpu_helpers.pipeline import from_arrays
+    from tpu_helpers.core.pipeline import from_arrays
 
     trained = keras3.classifier(fixtures_dir / "engines" / family, verbose=False)
     trained.compile(
@@ -118,7 +118,7 @@ def test_a_masked_lm_saved_in_the_hubs_layout_loads_back_with_its_logits(fixture
     """Every tensor of the checkpoint is written back under its own name, the config names
     the ``*ForMaskedLM`` class, and ``masked_lm`` reads the same logits from the save; a
     checkpoint without a masked-LM head gets a new one and says so."""
-    from tpu_helpers.hub import open_safetensors
+    from tpu_helpers.data.hub import open_safetensors
 
     folder = fixtures_dir / "engines" / "bert-mlm"
     ids = np.load(folder / "reference.npz")["input_ids"]
@@ -140,7 +140,7 @@ def test_a_masked_lm_saved_in_the_hubs_layout_loads_back_with_its_logits(fixture
 def _masked_blocks(fixtures_dir, blocks=96, block_size=32):
     from datasets import load_dataset
 
-    from tpu_helpers import hub, mlm
+    from tpu_helpers.data import hub, mlm
 
     checkpoint = fixtures_dir / "tiny-distilbert"
     tokenizer = hub.load_tokenizer(checkpoint)
@@ -243,7 +243,7 @@ def test_the_tf_engine_loads_what_the_keras3_engine_saved_with_the_same_logits(
     script = (
         "import sys, json, numpy as np\n"
         "import tpu_helpers\n"
-        "from tpu_helpers import hub, tf_classes\n"
+        "from tpu_helpers.tf_engine import tf_classes\n"
         "from transformers import TFAutoModelForSequenceClassification as Text,"
         " TFAutoModelForImageClassification as Images\n"
         "out = {}\n"
@@ -269,7 +269,7 @@ def test_the_tf_engine_loads_what_the_keras3_engine_saved_with_the_same_logits(
 
 
 def test_a_keras_release_not_written_for_is_warned_of_naming_the_ones_that_are(monkeypatch):
-    from tpu_helpers import versions
+    from tpu_helpers.core import versions
 
     monkeypatch.setattr(keras3, "installed", lambda: {"keras": ("3.99.0", False)})
     with pytest.warns(UserWarning, match=r"keras 3\.99\.0: .*written for keras 3\.15\. Fix:"):
@@ -282,8 +282,8 @@ def test_a_keras_release_not_written_for_is_warned_of_naming_the_ones_that_are(m
 def test_the_private_keras_and_kerashub_parts_the_engine_needs_are_where_they_were(
     fixtures_dir,
 ):
-    from tpu_helpers import keras_internals as internals
-    from tpu_helpers import versions
+    from tpu_helpers.core import versions
+    from tpu_helpers.keras3 import internals as internals
 
     found = versions.installed()
     assert found["keras"][1] and found["keras-hub"][1], (found, versions.WRITTEN_FOR)
@@ -305,7 +305,7 @@ def test_the_private_keras_and_kerashub_parts_the_engine_needs_are_where_they_we
     assert len(model.metrics_variables) >= before + 2  # the accuracy's total and count
 
     # each compile call is told apart, the same optimizer object kept or not
-    from tpu_helpers.jax_steps import Steps
+    from tpu_helpers.keras3.steps import Steps
 
     optimizer = keras.optimizers.SGD(0.1)
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(True))
@@ -345,7 +345,7 @@ def test_a_single_sentence_needs_no_token_types_and_reads_them_as_zeros(fixtures
 
 
 def test_predict_classes_scores_every_example_once_over_the_devices(fixtures_dir):
-    from tpu_helpers.pipeline import from_arrays
+    from tpu_helpers.core.pipeline import from_arrays
 
     features, ref = reference(fixtures_dir, "distilbert")
     model = keras3.classifier(fixtures_dir / "engines" / "distilbert", verbose=False)
@@ -362,7 +362,7 @@ def test_predict_classes_on_data_that_ends_before_its_steps_names_both_counts(fi
     fewer rows than the steps promise without a word."""
     import tensorflow as tf
 
-    from tpu_helpers.pipeline import from_dataset_fn
+    from tpu_helpers.core.pipeline import from_dataset_fn
 
     features, ref = reference(fixtures_dir, "distilbert")
     model = keras3.classifier(fixtures_dir / "engines" / "distilbert", verbose=False)
@@ -379,7 +379,7 @@ def test_predict_classes_on_data_that_ends_before_its_steps_names_both_counts(fi
 
 
 def test_a_tf_keras_model_or_a_tf_keras_option_is_refused_naming_the_tf_engine(fixtures_dir):
-    from tpu_helpers.errors import EngineError
+    from tpu_helpers.core.errors import EngineError
 
     tf_keras_model = type("TFDistilBertModel", (), {"__module__": "tf_keras.src.engine"})()
     for call in (
@@ -394,7 +394,7 @@ def test_a_tf_keras_model_or_a_tf_keras_option_is_refused_naming_the_tf_engine(f
 
 
 def test_a_run_directory_of_another_plan_is_refused_before_any_step(fixtures_dir, tmp_path):
-    from tpu_helpers.pipeline import from_arrays
+    from tpu_helpers.core.pipeline import from_arrays
 
     features, ref = reference(fixtures_dir, "distilbert")
     model = keras3.classifier(fixtures_dir / "engines" / "distilbert", verbose=False)
@@ -538,7 +538,7 @@ def test_a_run_resumed_with_another_learning_rate_is_refused_naming_both(fixture
 
 
 def test_a_loss_that_is_no_longer_a_number_stops_the_run_before_it_saves(fixtures_dir, tmp_path):
-    from tpu_helpers.errors import TrainingDivergedError
+    from tpu_helpers.core.errors import TrainingDivergedError
 
     checkpoint, train = _cola_batches(fixtures_dir)
     model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
@@ -577,7 +577,7 @@ def test_an_epoch_whose_data_ends_before_its_steps_is_refused_before_its_save(
 ):
     import tensorflow as tf
 
-    from tpu_helpers.pipeline import from_dataset_fn
+    from tpu_helpers.core.pipeline import from_dataset_fn
 
     model, rows, ref = _compiled_with_eight_rows(fixtures_dir)
     data = tf.data.Dataset.from_tensor_slices((rows, ref["labels"][:8], np.ones(8, "float32")))
@@ -636,7 +636,7 @@ def test_other_families_and_layouts_are_refused_with_a_fix_for_this_runtime(fixt
 
 
 def test_transformers_5_reads_the_tokenizer_files_it_wrote(fixtures_dir):
-    from tpu_helpers.hub import load_tokenizer
+    from tpu_helpers.data.hub import load_tokenizer
 
     tokenizer = load_tokenizer(fixtures_dir / "engines" / "bert")
     ids = tokenizer("the cat sat", "a dog ran")
@@ -644,7 +644,7 @@ def test_transformers_5_reads_the_tokenizer_files_it_wrote(fixtures_dir):
 
 
 def _cola_batches(fixtures_dir, rows=96, global_batch=16, group_widths=1):
-    from tpu_helpers import hub, text
+    from tpu_helpers.data import hub, text
 
     checkpoint = fixtures_dir / "tiny-distilbert"
     data = text.load_text_dataset(str(fixtures_dir / "cola"))
@@ -764,7 +764,7 @@ def test_a_learning_rate_a_callback_sets_is_the_one_the_steps_use(fixtures_dir, 
 
 
 def test_a_global_batch_the_devices_cannot_split_is_refused_before_any_step(fixtures_dir):
-    from tpu_helpers.pipeline import from_arrays
+    from tpu_helpers.core.pipeline import from_arrays
 
     features, ref = reference(fixtures_dir, "distilbert")
     model = keras3.classifier(fixtures_dir / "engines" / "distilbert", verbose=False)
@@ -942,7 +942,7 @@ def test_two_hosts_read_their_own_shards_and_train_as_one_process(fixtures_dir, 
     sys.path.insert(0, str(ROOT / "tests"))
     from keras3_worker import BATCH, rows
 
-    from tpu_helpers import records
+    from tpu_helpers.data import records
 
     tokenized, boundaries = rows(fixtures_dir)
     shards = tmp_path / "shards"
@@ -1000,7 +1000,7 @@ def test_image_preprocessing_is_read_without_pytorch(fixtures_dir, tmp_path):
     import importlib.util
     import json
 
-    from tpu_helpers import images
+    from tpu_helpers.data import images
 
     assert importlib.util.find_spec("torch") is None
     spec = images.ImageSpec.from_pretrained(str(fixtures_dir / "tiny-vit"))
@@ -1035,7 +1035,7 @@ def test_labels_and_token_ids_the_model_has_no_row_for_are_refused_before_any_st
 def test_class_ids_of_in_memory_arrays_are_checked_against_the_head_before_any_step(
     fixtures_dir, tmp_path
 ):
-    from tpu_helpers.pipeline import from_arrays
+    from tpu_helpers.core.pipeline import from_arrays
 
     model, rows, _ = _compiled_with_eight_rows(fixtures_dir)
     seven = from_arrays(rows, np.full(8, 7), global_batch=8)

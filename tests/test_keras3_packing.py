@@ -18,10 +18,11 @@ else:
 
 from conftest import CompileLog  # noqa: E402
 
-from tpu_helpers import keras3, packing  # noqa: E402
-from tpu_helpers.errors import EngineError  # noqa: E402
-from tpu_helpers.families import KERAS3_PACKED  # noqa: E402
-from tpu_helpers.fixtures import ENGINE_LEARNING_RATE  # noqa: E402
+from tpu_helpers import keras3
+from tpu_helpers.core.errors import EngineError  # noqa: E402
+from tpu_helpers.core.families import KERAS3_PACKED  # noqa: E402
+from tpu_helpers.data import packing  # noqa: E402
+from tpu_helpers.teaching.fixtures import ENGINE_LEARNING_RATE  # noqa: E402
 
 DISTRIBUTION = keras3.connect(8)
 import keras  # noqa: E402
@@ -161,7 +162,7 @@ def test_a_packed_step_trains_the_classifier_as_the_unpacked_step_does(fixtures_
 
 
 def _cola_packed(fixtures_dir, epochs, rows=160):
-    from tpu_helpers import hub, text
+    from tpu_helpers.data import hub, text
 
     checkpoint = fixtures_dir / "tiny-distilbert"
     data = text.load_text_dataset(str(fixtures_dir / "cola"))

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from tpu_helpers.metrics import accuracy, majority_rate, matthews_correlation
+from tpu_helpers.core.metrics import accuracy, majority_rate, matthews_correlation
 
 
 def test_mcc_matches_the_formula():
@@ -30,8 +30,8 @@ def test_predict_classes_scores_every_example_once_in_dataset_order():
     import numpy as np
     import tensorflow as tf
 
-    from tpu_helpers import text
-    from tpu_helpers.checkpoints import predict_classes
+    from tpu_helpers.data import text
+    from tpu_helpers.tf_engine.trainer import predict_classes
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(2, 20, 45)
@@ -60,8 +60,8 @@ def test_predict_classes_distributes_a_hand_made_pipeline_across_replicas():
         """
         import numpy as np, tensorflow as tf
         import tpu_helpers
-        from tpu_helpers import pipeline
-        from tpu_helpers.checkpoints import predict_classes
+        from tpu_helpers.core import pipeline
+        from tpu_helpers.tf_engine.trainer import predict_classes
         strategy = tpu_helpers.connect(simulated_replicas=2)
         x = np.arange(24, dtype=np.float32).reshape(24, 1)
         ds = tf.data.Dataset.from_tensor_slices(({"x": x}, (x[:, 0] > 11).astype(np.int32),
@@ -90,7 +90,7 @@ def test_count_examples_in_the_runtime():
     import numpy as np
     import tensorflow as tf
 
-    from tpu_helpers.metrics import count_examples, examples_per_second
+    from tpu_helpers.core.metrics import count_examples, examples_per_second
 
     x = np.arange(42, dtype=np.float32)
     plain = tf.data.Dataset.from_tensor_slices(x).batch(8)
@@ -128,8 +128,8 @@ def test_predict_classes_on_data_that_ends_before_its_steps_names_both_counts():
     import pytest
     import tensorflow as tf
 
-    from tpu_helpers import pipeline
-    from tpu_helpers.checkpoints import predict_classes
+    from tpu_helpers.core import pipeline
+    from tpu_helpers.tf_engine.trainer import predict_classes
 
     def model(features, training=False):
         return tf.one_hot(features["input_ids"][:, 0] % 2, 2)

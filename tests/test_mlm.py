@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import hub, mlm, tf_classes
+from tpu_helpers.data import hub, mlm
+from tpu_helpers.tf_engine import tf_classes
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +113,7 @@ def test_random_replacements_reach_every_id_of_a_large_vocabulary():
 
 
 def test_the_same_step_gets_the_same_mask_and_epochs_differ(tokenizer, corpus):
-    from tpu_helpers import pipeline
+    from tpu_helpers.core import pipeline
 
     ids = _batch(tokenizer, corpus, rows=64, width=32)
     plan = mlm.masked_batches(ids, tokenizer, global_batch=8, seed=5)
@@ -139,7 +140,7 @@ def test_the_same_step_gets_the_same_mask_and_epochs_differ(tokenizer, corpus):
 @pytest.fixture(scope="module")
 def record_blocks(tokenizer, corpus, tmp_path_factory):
     """60 blocks of 32 ids as records (no labels), in shards of 16."""
-    from tpu_helpers import records
+    from tpu_helpers.data import records
 
     folder = tmp_path_factory.mktemp("blocks")
     blocks = _batch(tokenizer, corpus, rows=60, width=32)
@@ -151,7 +152,7 @@ def record_blocks(tokenizer, corpus, tmp_path_factory):
 @pytest.mark.parametrize("kind", ["array", "records"])
 def test_a_resumed_masked_epoch_is_the_tail_of_the_whole_one(tokenizer, record_blocks, kind):
     """60 blocks in batches of 8: 8 steps, the last completed with 4 rows of weight 0."""
-    from tpu_helpers import records
+    from tpu_helpers.data import records
 
     blocks, folder = record_blocks
 
@@ -184,7 +185,7 @@ def test_a_resumed_masked_epoch_is_the_tail_of_the_whole_one(tokenizer, record_b
 
 
 def test_rows_that_complete_a_short_record_batch_are_not_trained_on(tokenizer, corpus, tmp_path):
-    from tpu_helpers import records
+    from tpu_helpers.data import records
 
     blocks = _batch(tokenizer, corpus, rows=10, width=32)
     records.write_records([{"input_ids": b} for b in blocks], str(tmp_path), progress=False)

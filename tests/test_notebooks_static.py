@@ -233,7 +233,7 @@ def test_the_readme_is_a_first_page():
 def test_checkpoints_load_through_hub_and_bfloat16_applies_where_asked(path):
     """``TFAuto*.from_pretrained`` stops on the PyTorch-named safetensors of nearly every hub
     checkpoint, and transformers 4's ``AutoTokenizer`` on the tokenizer files transformers
-    5 writes: the notebooks load through ``tpu_helpers.hub``. The bf16 policy is applied
+    5 writes: the notebooks load through ``tpu_helpers.data.hub``. The bf16 policy is applied
     whenever its parameter asks for it, on a CPU too."""
     import re
 
@@ -261,23 +261,35 @@ def test_parameter_files_name_the_per_replica_batch_they_scale(path):
         assert {*batches, "simulated_replicas"} <= written.keys(), params.name
 
 
+def _is_helper_module(dotted: str) -> bool:
+    """Whether ``tpu_helpers.<dotted>`` is a module or folder of the package (not a name)."""
+    path = ROOT / "tpu_helpers" / dotted.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def _helper_names_used(code: str) -> set[tuple[str, str]]:
     """``(module, name)`` for every ``tpu_helpers`` module name a notebook uses:
-    ``from tpu_helpers.m import n`` and ``m.n`` after ``from tpu_helpers import m``."""
+    ``from tpu_helpers.m import n`` and ``m.n`` after ``from tpu_helpers.folder import m``
+    (or ``from tpu_helpers import m``); ``module`` is dotted below ``tpu_helpers``."""
     import re
 
     used = set()
-    modules = set()
+    modules = {}  # the name in the notebook: the module
     for line in code.splitlines():
-        found = re.match(r"\s*from tpu_helpers(?:\.(\w+))? import (.+)", line)
-        if found:
-            names = [n.strip().split(" as ")[0] for n in found[2].strip("()").split(",")]
-            if found[1]:
-                used |= {(found[1], n) for n in names if n}
+        found = re.match(r"\s*from tpu_helpers(?:\.([\w.]+))? import (.+)", line)
+        if not found:
+            continue
+        prefix = f"{found[1]}." if found[1] else ""
+        for item in found[2].strip("()").split(","):
+            name, _, alias = (part.strip() for part in item.partition(" as "))
+            if not name:
+                continue
+            if _is_helper_module(f"{prefix}{name}"):
+                modules[alias or name] = f"{prefix}{name}"
             else:
-                modules |= {n for n in names if n}
-    for module in modules:
-        used |= {(module, n) for n in re.findall(rf"\b{module}\.(\w+)", code)}
+                used.add((found[1], name))
+    for local, module in modules.items():
+        used |= {(module, n) for n in re.findall(rf"(?<![\w.]){local}\.(\w+)", code)}
     return used
 
 
@@ -328,7 +340,12 @@ def test_no_stub_holds_its_hint_or_imports_a_helper_function(path):
         if cell["cell_type"] != "code" or "raise NotImplementedError" not in text:
             continue
         assert "Hint:" not in text, text[:300]
-        imported = re.findall(r"from tpu_helpers\.\w+ import (.+)", text)
+        imported = [
+            name.strip()
+            for folder, names in re.findall(r"from tpu_helpers\.([\w.]+) import (.+)", text)
+            for name in names.split(",")
+            if not _is_helper_module(f"{folder}.{name.strip()}")
+        ]
         assert not imported, f"a stub cell imports {imported} from tpu_helpers"
 
 

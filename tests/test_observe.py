@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import observe, pipeline
+from tpu_helpers.core import pipeline
+from tpu_helpers.tf_engine import observe
 
 
 def _tiny_model(hidden=4, layers=0, lr=0.01):
@@ -254,7 +255,7 @@ def test_the_check_needs_a_compiled_model_and_a_pipeline():
 
 
 def test_the_custom_loop_writes_the_same_scalars(tmp_path):
-    from tpu_helpers.training import CustomLoop
+    from tpu_helpers.tf_engine.custom_loop import CustomLoop
 
     strategy = tf.distribute.get_strategy()
     model = _tiny_model()
@@ -275,7 +276,7 @@ def test_the_custom_loop_writes_the_same_scalars(tmp_path):
 
 
 def test_the_watch_sees_the_widths_read_records_chooses(tmp_path):
-    from tpu_helpers import records
+    from tpu_helpers.data import records
 
     rows = [{"input_ids": [1] * (2 + i % 30), "label": i % 2} for i in range(200)]
     records.write_records(rows, str(tmp_path / "records"), shard_records=20, progress=False)

@@ -1,4 +1,4 @@
-"""The workshop's offline parameters (tpu_helpers.offline), and the teaching page's recipe
+"""The workshop's offline parameters (tpu_helpers.teaching.offline), and the teaching page's recipe
 for a room without TPUs, run as the page writes it."""
 
 import re
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_helpers.offline import PARAMS, fill_in, parameters_file
+from tpu_helpers.teaching.offline import PARAMS, fill_in, parameters_file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -57,7 +57,7 @@ def test_placeholders_become_the_folders_given(tmp_path):
 
 
 def test_offline_parameters_are_the_papermill_runs_with_the_fixtures_built(fixtures_dir, capsys):
-    from tpu_helpers.offline import offline_parameters
+    from tpu_helpers.teaching.offline import offline_parameters
 
     build = fixtures_dir.parent
     values = offline_parameters("01", ROOT, build=build)

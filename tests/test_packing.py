@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import families, hub, packing, tf_classes
+from tpu_helpers.core import families
+from tpu_helpers.data import hub, packing
+from tpu_helpers.tf_engine import tf_classes
 
 RNG = np.random.default_rng(0)
 
@@ -71,7 +73,7 @@ SENSITIVE = {"initializer_range": 0.2}
 def tiny_model(family):
     from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers.fixtures import tiny_config
+    from tpu_helpers.teaching.fixtures import tiny_config
 
     config = tiny_config(family, 100, 1 if family == "roberta" else 0, 3, **SENSITIVE)
     tf.keras.utils.set_random_seed(0)
@@ -110,7 +112,7 @@ LABELS = [0, 1, 2, 1, 0, 2]
 def family_checkpoints(tmp_path_factory):
     """family -> folder of a tiny random checkpoint with its family's kind of tokenizer
     (built on first use), loaded below with the calls notebook 01 makes."""
-    from tpu_helpers import fixtures
+    from tpu_helpers.teaching import fixtures
 
     corpus = [r["sentence"] for r in fixtures.make_cola_like(1, {"train": 400})["train"]]
     root = tmp_path_factory.mktemp("families")
@@ -133,7 +135,9 @@ class Family:
         from datasets import Dataset
         from transformers import TFAutoModelForSequenceClassification
 
-        from tpu_helpers import fixtures, hub, text, tf_classes
+        from tpu_helpers.data import hub, text
+        from tpu_helpers.teaching import fixtures
+        from tpu_helpers.tf_engine import tf_classes
 
         self.tokenizer = hub.load_tokenizer(folder)
         tf.keras.utils.set_random_seed(0)
@@ -273,7 +277,7 @@ def test_the_comparison_fails_a_leaking_mask_and_unrestarted_positions(family, n
 def test_an_unbuilt_model_is_built_by_its_own_call_first():
     from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers.fixtures import tiny_config
+    from tpu_helpers.teaching.fixtures import tiny_config
 
     config = tiny_config("bert", 100, 0, 3, **SENSITIVE)
     model = TFAutoModelForSequenceClassification.from_config(config)
@@ -321,7 +325,7 @@ def test_the_packed_model_saves_and_loads_as_an_ordinary_checkpoint(tmp_path):
 
 
 def test_the_packed_forward_pass_compiles_with_xla():
-    from tpu_helpers import xla
+    from tpu_helpers.tf_engine import xla
 
     model = tiny_model("bert")
     _, features, _ = packed_batch(EXAMPLES, LABELS)
@@ -334,7 +338,7 @@ def test_the_packed_forward_pass_compiles_with_xla():
 
 
 def test_packed_batches_use_every_example_once_at_one_shape():
-    from tpu_helpers import xla
+    from tpu_helpers.data.shapes import shape_report
 
     examples = [list(RNG.integers(5, 99, size=n)) for n in RNG.integers(2, 20, size=37)]
     labels = list(RNG.integers(0, 3, size=37))
@@ -349,7 +353,7 @@ def test_packed_batches_use_every_example_once_at_one_shape():
     report = plan.padding
     assert report.examples == len(examples) and report.real_tokens == sum(map(len, examples))
     assert report.rows <= steps * 4 < report.rows + 4
-    shapes = xla.shape_report(plan, n=steps)
+    shapes = shape_report(plan, n=steps)
     assert shapes.distinct == 1 and shapes.batches == steps
     real = sum(len(e) for e in examples)
     assert shapes.padding_fraction == pytest.approx(1 - real / (steps * 4 * 24))
@@ -426,7 +430,7 @@ def test_fit_trains_the_wrapped_model_on_packed_batches():
 
 
 def test_preflight_passes_a_packed_model_and_reads_its_padding_from_segment_ids():
-    from tpu_helpers import xla
+    from tpu_helpers.tf_engine import xla
 
     model = tiny_model("roberta")
     plan = packing.packed_batches(

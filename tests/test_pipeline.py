@@ -8,13 +8,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from tpu_helpers import families, pipeline
+from tpu_helpers.core import families, pipeline
 
 BATCH = 8
 
 
 def _tokenized(fixtures_dir, rows=60):
-    from tpu_helpers import hub, text
+    from tpu_helpers.data import hub, text
 
     data = text.load_text_dataset(str(fixtures_dir / "cola"))
     tokenizer = hub.load_tokenizer(str(fixtures_dir / "tiny-distilbert"))
@@ -32,7 +32,7 @@ def builders(fixtures_dir, tmp_path_factory):
     """One ``Batches`` from every builder, small."""
     from transformers import AutoImageProcessor
 
-    from tpu_helpers import images, mlm, packing, records, text
+    from tpu_helpers.data import images, mlm, packing, records, text
 
     split, tokenizer = _tokenized(fixtures_dir)
     folder = tmp_path_factory.mktemp("records")
@@ -173,7 +173,7 @@ def test_distribute_gives_each_replica_its_rows_of_the_global_batch(builders):
         """
         import tpu_helpers, numpy as np
         strategy = tpu_helpers.connect(simulated_replicas=2)
-        from tpu_helpers import pipeline
+        from tpu_helpers.core import pipeline
         b = pipeline.from_arrays({"x": np.arange(12.0)[:, None]}, np.arange(12), global_batch=4)
         whole = [y.numpy().tolist() for _, y, _ in b.dataset(1, skip_steps=1)]
         parts = []
@@ -236,7 +236,7 @@ def _compiled_classifier(fixtures_dir):
     import tensorflow as tf
     from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers import tf_classes
+    from tpu_helpers.tf_engine import tf_classes
 
     model = tf_classes.from_pretrained(
         TFAutoModelForSequenceClassification, str(fixtures_dir / "tiny-distilbert"), num_labels=2
@@ -249,8 +249,8 @@ def _compiled_classifier(fixtures_dir):
 
 
 def test_trainers_refuse_what_is_not_a_plan(fixtures_dir, tmp_path, builders):
-    from tpu_helpers import observe
-    from tpu_helpers.checkpoints import fit_resumable
+    from tpu_helpers.tf_engine import observe
+    from tpu_helpers.tf_engine.trainer import fit_resumable
 
     model = _compiled_classifier(fixtures_dir)
     dataset = builders["text"].dataset(0)
@@ -264,8 +264,8 @@ def test_trainers_refuse_what_is_not_a_plan(fixtures_dir, tmp_path, builders):
 
 
 def test_rows_wider_than_the_models_positions_are_refused_before_any_step(fixtures_dir, tmp_path):
-    from tpu_helpers import text
-    from tpu_helpers.checkpoints import fit_resumable
+    from tpu_helpers.data import text
+    from tpu_helpers.tf_engine.trainer import fit_resumable
 
     model = _compiled_classifier(fixtures_dir)
     limit = families.position_limit(model.config)
@@ -281,8 +281,8 @@ def test_a_corrupt_shard_is_named_when_training_reads_it(fixtures_dir, tmp_path)
     TensorFlow's DataLossError."""
     import tensorflow as tf
 
-    from tpu_helpers import records
-    from tpu_helpers.checkpoints import fit_resumable
+    from tpu_helpers.data import records
+    from tpu_helpers.tf_engine.trainer import fit_resumable
 
     split, _ = _tokenized(fixtures_dir, rows=40)
     records.write_records(
@@ -302,7 +302,7 @@ def test_a_corrupt_shard_is_named_when_training_reads_it(fixtures_dir, tmp_path)
 def test_from_dataset_fn_wraps_your_own_pipeline(fixtures_dir, tmp_path):
     import tensorflow as tf
 
-    from tpu_helpers.checkpoints import fit_resumable
+    from tpu_helpers.tf_engine.trainer import fit_resumable
 
     def make(epoch, skip_steps):
         ids = tf.random.stateless_uniform([24, 16], [epoch, 0], 5, 300, tf.int32)
@@ -320,7 +320,7 @@ def test_from_dataset_fn_wraps_your_own_pipeline(fixtures_dir, tmp_path):
 def test_whole_number_labels_of_arrays_are_class_ids_unless_the_head_has_one_output():
     from types import SimpleNamespace
 
-    from tpu_helpers.pipeline import from_arrays
+    from tpu_helpers.core.pipeline import from_arrays
 
     rows = {"x": np.zeros((4, 2), np.float32)}
     ids = from_arrays(rows, [0, 3, 1, 2], global_batch=4)

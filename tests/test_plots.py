@@ -1,4 +1,4 @@
-from tpu_helpers.plots import plot_history
+from tpu_helpers.teaching.plots import plot_history
 
 
 def test_plot_history_draws_train_and_validation_curves():
@@ -13,7 +13,7 @@ def test_plot_history_draws_train_and_validation_curves():
 
 
 def test_titles_name_checkpoints_and_data_not_the_folders_of_a_machine():
-    from tpu_helpers.plots import short_name
+    from tpu_helpers.teaching.plots import short_name
 
     assert short_name("/home/someone/build/fixtures/tiny-vit") == "tiny-vit"
     assert short_name("gs://bucket/data/beans/") == "beans"

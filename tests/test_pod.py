@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import records
+from tpu_helpers.data import records
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "pod_worker.py"

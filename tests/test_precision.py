@@ -8,8 +8,10 @@ import pytest
 import tensorflow as tf
 from transformers import TFAutoModelForSequenceClassification
 
-from tpu_helpers import packing, pipeline, tf_classes, xla
-from tpu_helpers.training import CustomLoop
+from tpu_helpers.core import pipeline
+from tpu_helpers.data import packing
+from tpu_helpers.tf_engine import tf_classes, xla
+from tpu_helpers.tf_engine.custom_loop import CustomLoop
 
 
 @pytest.fixture

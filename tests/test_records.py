@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import assert_same_batches, numpy_batches, run_python
-from tpu_helpers import hub, records
-from tpu_helpers.records import RecordsError, encode
+from tpu_helpers.data import hub, records
+from tpu_helpers.data.records import RecordsError, encode
 
 
 def _proto(row: dict) -> tf.train.Example:
@@ -143,7 +143,7 @@ def test_shards_rotate_at_the_byte_target():
 def test_variable_length_records_are_padded_per_batch(fixtures_dir):
     from datasets import load_dataset
 
-    from tpu_helpers import text
+    from tpu_helpers.data import text
 
     tokenizer = hub.load_tokenizer(str(fixtures_dir / "tiny-distilbert"))
     split = text.tokenize(load_dataset(str(fixtures_dir / "cola"))["validation"], tokenizer, 128)
@@ -351,7 +351,7 @@ def test_records_distributed_under_two_replicas(tmp_path):
     result = run_python(
         f"""
         import tpu_helpers
-        from tpu_helpers import records
+        from tpu_helpers.data import records
         strategy = tpu_helpers.connect(simulated_replicas=2)
         batches = records.read_records({str(tmp_path)!r}, global_batch=16, shuffle=False)
         assert batches.per_replica_batch(strategy.num_replicas_in_sync) == 8
@@ -446,7 +446,7 @@ def test_a_killed_writer_leaves_nothing_a_reader_picks_up(tmp_path):
     result = run_python(
         f"""
         import os
-        from tpu_helpers import records
+        from tpu_helpers.data import records
         def rows():
             for i in range(100):
                 if i == 60:
@@ -587,7 +587,7 @@ def test_shards_that_span_widths_are_read_at_their_widest_and_named(tmp_path, ca
 
 
 def test_the_input_pipeline_is_tensorflow_ops_only(tmp_path):
-    from tpu_helpers import text
+    from tpu_helpers.data import text
 
     records.write_records(_varied_rows(), str(tmp_path), shard_records=25, progress=False)
     rows = _varied_rows()

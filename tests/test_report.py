@@ -3,7 +3,7 @@ import re
 import nbformat
 import pytest
 
-from tpu_helpers.report import METRICS_MIME, build_report, publish_metrics
+from tpu_helpers.teaching.report import METRICS_MIME, build_report, publish_metrics
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 

@@ -3,7 +3,8 @@ import sys
 
 import pytest
 
-from tpu_helpers import _env, families, runtime
+from tpu_helpers import runtime
+from tpu_helpers.core import families
 from tpu_helpers.runtime import (
     RuntimeFacts,
     detect_runtime,
@@ -11,6 +12,7 @@ from tpu_helpers.runtime import (
     install_commands,
     pip_argv,
 )
+from tpu_helpers.runtime import env as runtime_env
 
 GOOD = {
     "tensorflow": "2.21.0",
@@ -168,13 +170,13 @@ def test_install_sets_the_flags_again_after_the_plan(monkeypatch, capsys):
     # The install cell imports tpu_helpers before the plan installs tensorflow-tpu, so the
     # flags that depend on it must be set once more after installing.
     seen = []
-    monkeypatch.setattr(_env, "prepare_environment", lambda: seen.append("again") or [])
+    monkeypatch.setattr(runtime_env, "prepare_environment", lambda: seen.append("again") or [])
     install(facts("colab", "tpu"), run=lambda *a, **k: None)
     assert seen == ["again"]
 
 
 def test_install_asks_for_a_restart_only_for_packages_already_imported(monkeypatch, capsys):
-    monkeypatch.setattr(_env, "prepare_environment", lambda: [])
+    monkeypatch.setattr(runtime_env, "prepare_environment", lambda: [])
     for name in runtime._MODULES.values():
         monkeypatch.delitem(sys.modules, name, raising=False)
     install(facts("colab", "tpu"), run=lambda *a, **k: None)
@@ -201,7 +203,7 @@ def _record(message, level=logging.WARNING):
 
 
 def test_known_noise_is_filtered_and_real_warnings_are_not():
-    noise = _env.KnownNoise()
+    noise = runtime_env.KnownNoise()
     pooler = (
         "Gradients do not exist for variables ['tf_mpnet_for_sequence_classification/mpnet/"
         "pooler/dense/kernel:0', 'tf_mpnet_for_sequence_classification/mpnet/pooler/dense/"
@@ -221,10 +223,10 @@ def test_known_noise_is_filtered_and_real_warnings_are_not():
 
 
 def test_the_noise_filter_is_installed_once():
-    _env.quiet_known_noise()
-    _env.quiet_known_noise()
+    runtime_env.quiet_known_noise()
+    runtime_env.quiet_known_noise()
     filters = logging.getLogger("tensorflow").filters
-    assert sum(isinstance(f, _env.KnownNoise) for f in filters) == 1
+    assert sum(isinstance(f, runtime_env.KnownNoise) for f in filters) == 1
 
 
 def test_a_module_is_changed_right_after_its_first_import_and_only_then(tmp_path, monkeypatch):
@@ -241,7 +243,7 @@ def test_a_module_is_changed_right_after_its_first_import_and_only_then(tmp_path
         seen.append(module.FLAG)  # the module has run: its own value is there
         module.FLAG = True
 
-    finder = _env._AfterImport("late_pkg.config", then)
+    finder = runtime_env._AfterImport("late_pkg.config", then)
     monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
     import late_pkg
 
@@ -253,13 +255,13 @@ def test_a_module_is_changed_right_after_its_first_import_and_only_then(tmp_path
 
 
 def test_the_tpu_build_flag_for_datasets_waits_for_datasets(monkeypatch):
-    monkeypatch.setattr(_env, "only_tpu_build", lambda: True)
-    monkeypatch.setattr(_env, "distribution_version", lambda name: "2.20.0")
+    monkeypatch.setattr(runtime_env, "only_tpu_build", lambda: True)
+    monkeypatch.setattr(runtime_env, "distribution_version", lambda name: "2.20.0")
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delitem(sys.modules, "datasets.config", raising=False)
-    assert _env.tell_datasets_tensorflow_is_there()
-    assert _env.tell_datasets_tensorflow_is_there()  # again: still one hook
-    hooks = [f for f in sys.meta_path if isinstance(f, _env._AfterImport)]
+    assert runtime_env.tell_datasets_tensorflow_is_there()
+    assert runtime_env.tell_datasets_tensorflow_is_there()  # again: still one hook
+    hooks = [f for f in sys.meta_path if isinstance(f, runtime_env._AfterImport)]
     assert [h.name for h in hooks] == ["datasets.config"]
     config = type("Config", (), {"TF_AVAILABLE": False, "TF_VERSION": "N/A"})
     hooks[0].then(config)  # what runs once datasets.config has been executed
@@ -270,10 +272,10 @@ def test_the_tpu_build_flag_for_datasets_waits_for_datasets(monkeypatch):
 def test_the_legacy_keras_flag_is_set_only_where_tf_keras_is_installed(monkeypatch, tf_keras, flag):
     """tf-keras present (the TF engine's stacks): ``TF_USE_LEGACY_KERAS=1``; absent (a Keras 3
     runtime): no flag, which TensorFlow would answer with a warning to install tf_keras."""
-    monkeypatch.setattr(_env, "only_tpu_build", lambda: False)
-    monkeypatch.setattr(_env, "distribution_version", {"tf-keras": tf_keras}.get)
+    monkeypatch.setattr(runtime_env, "only_tpu_build", lambda: False)
+    monkeypatch.setattr(runtime_env, "distribution_version", {"tf-keras": tf_keras}.get)
     env = {}
-    changed = _env.prepare_environment(env)
+    changed = runtime_env.prepare_environment(env)
     assert env.get("TF_USE_LEGACY_KERAS") == flag
     assert ("TF_USE_LEGACY_KERAS" in changed) == (flag is not None)
 

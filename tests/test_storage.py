@@ -3,8 +3,8 @@ import os
 import pytest
 from conftest import run_python
 
-from tpu_helpers import storage
-from tpu_helpers.storage import is_remote
+from tpu_helpers.core import storage
+from tpu_helpers.core.storage import is_remote
 
 
 def test_is_remote():
@@ -18,9 +18,10 @@ def test_save_and_reload_through_a_bucket_like_path(fixtures_dir, tmp_path):
         import os, tpu_helpers
         import tensorflow as tf
         from transformers import TFAutoModelForSequenceClassification
-        from tpu_helpers import hub, tf_classes
-        from tpu_helpers.storage import local_copy
-        from tpu_helpers.tf_classes import save_pretrained
+        from tpu_helpers.data import hub
+        from tpu_helpers.tf_engine import tf_classes
+        from tpu_helpers.core.storage import local_copy
+        from tpu_helpers.tf_engine.tf_classes import save_pretrained
         tok = hub.load_tokenizer("{fixtures_dir}/tiny-distilbert")
         model = tf_classes.from_pretrained(TFAutoModelForSequenceClassification, "{fixtures_dir}/tiny-distilbert", num_labels=2)
         written = save_pretrained("ram://bucket/model", model, tok)
@@ -45,8 +46,8 @@ def test_save_and_reload_through_a_bucket_like_path(fixtures_dir, tmp_path):
 
 
 def test_shared_paths_are_network_file_systems_and_ram_is_one_process():
-    from tpu_helpers.records import SHARED_SCHEMES
-    from tpu_helpers.storage import is_shared
+    from tpu_helpers.core.storage import is_shared
+    from tpu_helpers.data.records import SHARED_SCHEMES
 
     assert is_shared("gs://bucket/x") and not is_shared("ram://b/y")
     assert not is_shared("/tmp/x") and SHARED_SCHEMES[0] == "gs://"

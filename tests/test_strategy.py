@@ -2,7 +2,7 @@ import pytest
 from conftest import run_python
 
 from tpu_helpers.runtime import RuntimeFacts
-from tpu_helpers.strategy import connect, tpu_candidates
+from tpu_helpers.tf_engine.strategy import connect, tpu_candidates
 
 
 def test_tpu_candidates_order_and_sources():
@@ -31,7 +31,7 @@ def simulated():
         import tpu_helpers
         import numpy as np
         import tensorflow as tf
-        from tpu_helpers.strategy import replica_sum
+        from tpu_helpers.tf_engine.strategy import replica_sum
         s = tpu_helpers.connect(simulated_replicas=2)
         print("REPLICAS", s.num_replicas_in_sync, replica_sum(s))
         again = tpu_helpers.connect(simulated_replicas=2)        # same split: fine
@@ -90,7 +90,7 @@ def test_import_sets_the_legacy_keras_flag_before_tensorflow_and_connects_to_the
         import tpu_helpers
         import tensorflow as tf
         print("FLAG", os.environ["TF_USE_LEGACY_KERAS"], tf.keras.Model.__module__.split(".")[0])
-        from tpu_helpers.strategy import replica_sum
+        from tpu_helpers.tf_engine.strategy import replica_sum
         s = tpu_helpers.connect()
         print("SUM", s.num_replicas_in_sync, replica_sum(s))
         """
@@ -106,7 +106,7 @@ def test_unresolvable_tpu_names_what_was_tried():
     result = run_python(
         """
         import tpu_helpers
-        from tpu_helpers.strategy import TPUConnectionError
+        from tpu_helpers.tf_engine.strategy import TPUConnectionError
         try:
             tpu_helpers.connect(tpu="local")
         except TPUConnectionError as err:
@@ -123,7 +123,7 @@ def test_unresolvable_tpu_names_what_was_tried():
 
 def test_a_tpu_tensorflow_cannot_drive_sends_the_learner_to_the_main_track():
     """Colab's v5e with tensorflow-tpu 2.20: TensorFlow finds no kernel for the TPU's ops."""
-    from tpu_helpers.strategy import connection_failed
+    from tpu_helpers.tf_engine.strategy import connection_failed
 
     colab = (
         "  'local': NotFoundError: No OpKernel was registered to support Op"
@@ -163,7 +163,7 @@ def test_an_address_that_never_answers_fails_within_the_deadline():
         result = run_python(
             f"""
             import tpu_helpers
-            from tpu_helpers.strategy import TPUConnectionError
+            from tpu_helpers.tf_engine.strategy import TPUConnectionError
             try:
                 tpu_helpers.connect(tpu="grpc://127.0.0.1:{port}", timeout=5)
             except TPUConnectionError as err:

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import assert_same_batches, numpy_batches
-from tpu_helpers import families, hub, text
-from tpu_helpers.fixtures import CPU_TRAIN_ROWS
+from tpu_helpers.core import families
+from tpu_helpers.data import hub, text
+from tpu_helpers.teaching.fixtures import CPU_TRAIN_ROWS
 
 
 def brute_force_best(lengths, max_shapes, multiple=8):
@@ -370,7 +371,7 @@ def test_a_missing_column_is_named():
 def test_sentence_pairs_are_tokenized_with_token_types_and_batched_with_them(fixtures_dir):
     from datasets import Dataset
 
-    from tpu_helpers.fixtures import make_mrpc_like
+    from tpu_helpers.teaching.fixtures import make_mrpc_like
 
     rows = make_mrpc_like(0, {"train": 20})["train"]
     split = Dataset.from_list(rows)
@@ -399,7 +400,7 @@ def test_sentence_pairs_are_tokenized_with_token_types_and_batched_with_them(fix
 def test_missing_text_and_empty_splits_are_named():
     from datasets import Dataset
 
-    from tpu_helpers.fixtures import make_mrpc_like
+    from tpu_helpers.teaching.fixtures import make_mrpc_like
 
     rows = make_mrpc_like(0, {"train": 4})["train"]
     rows[2]["sentence2"] = None

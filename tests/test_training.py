@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 
 import tpu_helpers
-from tpu_helpers import text
-from tpu_helpers.checkpoints import CheckpointMismatchError
-from tpu_helpers.training import CustomLoop
+from tpu_helpers.data import text
+from tpu_helpers.tf_engine.custom_loop import CustomLoop
+from tpu_helpers.tf_engine.trainer import CheckpointMismatchError
 
 
 class Tiny(tf.keras.Model):
@@ -117,7 +117,7 @@ def test_a_corrupt_checkpoint_is_named_and_the_one_before_restored(tmp_path):
 
 
 def test_a_batch_of_the_wrong_size_is_refused():
-    from tpu_helpers import pipeline
+    from tpu_helpers.core import pipeline
 
     strategy = tf.distribute.get_strategy()
     model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
@@ -137,7 +137,7 @@ def test_a_batch_of_the_wrong_size_is_refused():
 
 
 def test_a_corrupt_record_file_met_in_training_says_how_to_find_it(tmp_path):
-    from tpu_helpers import records
+    from tpu_helpers.data import records
 
     rows = [{"x": [float(i)] * 4, "label": i % 2} for i in range(200)]
     meta = records.write_records(rows, str(tmp_path), shard_records=50, progress=False)
@@ -164,7 +164,7 @@ def test_a_corrupt_record_file_met_in_training_says_how_to_find_it(tmp_path):
 def test_your_own_train_steps_and_metrics_are_what_the_loop_drives(tmp_path):
     """``train_steps=`` (notebook 02 writes one with strategy.run) is called in calls that
     end at checkpoint steps, and ``metrics=`` are reset each epoch and reported by name."""
-    from tpu_helpers.pipeline import from_arrays
+    from tpu_helpers.core.pipeline import from_arrays
 
     strategy = tpu_helpers.connect(verbose=False)
     ids = np.ones((40, 6), np.int32)
@@ -212,7 +212,7 @@ def test_your_own_train_steps_and_metrics_are_what_the_loop_drives(tmp_path):
 
 def _arrays(**features):
     """A ``Batches`` of 64 rows of ``features`` (label 0, weight 1), 16 rows a step."""
-    from tpu_helpers import pipeline
+    from tpu_helpers.core import pipeline
 
     rows = len(next(iter(features.values())))
     data = tf.data.Dataset.from_tensor_slices(
@@ -227,7 +227,7 @@ def test_features_the_model_cannot_take_are_refused_with_their_shapes(fixtures_d
     input of the model; checked against transformers' input_signature."""
     from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers import tf_classes
+    from tpu_helpers.tf_engine import tf_classes
 
     model = tf_classes.from_pretrained(
         TFAutoModelForSequenceClassification, str(fixtures_dir / "tiny-distilbert"), num_labels=2
@@ -258,8 +258,8 @@ def test_images_with_channels_last_are_refused_by_both_loops(fixtures_dir, tmp_p
     a size its signature fixes is not held (many image models take any size)."""
     from transformers import TFAutoModelForImageClassification
 
-    from tpu_helpers import tf_classes
-    from tpu_helpers.checkpoints import fit_resumable
+    from tpu_helpers.tf_engine import tf_classes
+    from tpu_helpers.tf_engine.trainer import fit_resumable
 
     model = tf_classes.from_pretrained(
         TFAutoModelForImageClassification, str(fixtures_dir / "tiny-vit")

@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import images, text, tf_classes, workshop
-from tpu_helpers.workshop import ExerciseCheckError as Wrong
+from tpu_helpers.data import images, text
+from tpu_helpers.teaching import workshop
+from tpu_helpers.teaching.workshop import ExerciseCheckError as Wrong
+from tpu_helpers.tf_engine import tf_classes
 
 
 def test_replica_total():
@@ -180,7 +182,7 @@ def test_replica_loss():
 def written(tmp_path_factory):
     from datasets import Dataset
 
-    from tpu_helpers import records
+    from tpu_helpers.data import records
 
     rows = Dataset.from_dict(
         {"input_ids": [[101, 7, 102], [101, 5, 6, 8, 102], [101, 102]], "label": [1, 0, 1]}
@@ -637,7 +639,7 @@ def test_the_original_copied_into_the_notebook_is_refused():
     result = run_python(
         """
         import tpu_helpers, tensorflow as tf
-        from tpu_helpers import workshop
+        from tpu_helpers.teaching import workshop
 
         def copied(ids):
             if tf.reduce_sum(ids) > 100:
@@ -818,7 +820,7 @@ def test_replica_loss_is_judged_inside_strategy_run_on_every_replica():
         import tpu_helpers
         strategy = tpu_helpers.connect(simulated_replicas=2)
         import tensorflow as tf
-        from tpu_helpers import workshop
+        from tpu_helpers.teaching import workshop
         workshop.check_replica_loss(lambda loss, gb: tf.nn.compute_average_loss(loss), 16, strategy)
         workshop.check_replica_loss(
             lambda loss, gb: tf.nn.compute_average_loss(loss, global_batch_size=gb), 16, strategy
@@ -840,7 +842,7 @@ def many_written(tmp_path_factory):
     """60 records of lengths 3-40, labels mixed, written grouped by length."""
     from datasets import Dataset
 
-    from tpu_helpers import records
+    from tpu_helpers.data import records
 
     rng = np.random.default_rng(0)
     ids = [[101, *rng.integers(5, 90, n).tolist(), 102] for n in rng.integers(1, 38, 60)]
@@ -853,7 +855,7 @@ def many_written(tmp_path_factory):
 def test_record_batches_right_and_wrong(many_written):
     """03.2: the run's stream is accepted; a hand-built tf.data pipeline, one replica's
     batch, another seed, no shuffle and other widths are refused with their reason."""
-    from tpu_helpers import records
+    from tpu_helpers.data import records
 
     source, widths, batch = many_written, [16, 24, 40], 8
 

@@ -11,8 +11,9 @@ if os.environ.get("STACK") in ("keras3", "colab"):
 else:
     pytest.importorskip("keras_hub")
 
-from tpu_helpers import keras3, workshop_jax  # noqa: E402
-from tpu_helpers.workshop import ExerciseCheckError  # noqa: E402
+from tpu_helpers import keras3
+from tpu_helpers.teaching import workshop_jax  # noqa: E402
+from tpu_helpers.teaching.workshop import ExerciseCheckError  # noqa: E402
 
 keras3.devices(8)  # before JAX starts: 8 simulated devices
 import jax  # noqa: E402
@@ -424,7 +425,8 @@ def test_the_packed_compile_passes_and_each_wrong_choice_is_refused(capsys):
 def test_the_engines_packing_mask_and_positions_pass_the_packing_exercises(capsys):
     """``keras3.packed_attention`` and ``packed_positions`` (``keras.ops``, what the packed
     model computes) are the answers the checks of exercises 07.1 and 07.2 want."""
-    from tpu_helpers import keras3, workshop
+    from tpu_helpers import keras3
+    from tpu_helpers.teaching import workshop
 
     workshop.check_attention_mask(keras3.packed_attention)
     workshop.check_restarted_positions(keras3.packed_positions)
@@ -435,7 +437,7 @@ def test_the_engines_packing_mask_and_positions_pass_the_packing_exercises(capsy
 def test_a_keras_warmup_and_cosine_decay_passes_and_one_that_ends_late_is_refused(capsys):
     """Exercise 06.1 on Keras 3: CosineDecay warming up over its warmup_steps, then
     decaying over decay_steps; a decay far too long, or over one epoch of two, is refused."""
-    from tpu_helpers import workshop
+    from tpu_helpers.teaching import workshop
 
     schedules = keras.optimizers.schedules
     right = schedules.CosineDecay(0.0, 90, warmup_target=1e-4, warmup_steps=10)

@@ -2,8 +2,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_helpers import hub, tf_classes, xla, xla_runs
-from tpu_helpers.xla import masked_sparse_crossentropy, shape_report, tracing_count
+from tpu_helpers.data import hub
+from tpu_helpers.data.shapes import shape_report
+from tpu_helpers.tf_engine import tf_classes, xla, xla_runs
+from tpu_helpers.tf_engine.xla import masked_sparse_crossentropy, tracing_count
 
 
 def boolean_mask_loss(labels, logits):
@@ -134,7 +136,7 @@ def test_preflight_passes_the_notebook_text_pipeline(fixtures_dir):
     from datasets import load_dataset
     from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers import text
+    from tpu_helpers.data import text
 
     tokenizer = hub.load_tokenizer(str(fixtures_dir / "tiny-distilbert"))
     split = text.tokenize(load_dataset(str(fixtures_dir / "cola"))["validation"], tokenizer, 128)
@@ -311,16 +313,16 @@ def test_train_counting_compiles_counts_one_compilation_per_shape():
 
 def test_shape_report_takes_a_dataset_or_a_list_of_batches():
     ds = token_batches(n=40, batch=8)
-    from_dataset, from_list = xla.shape_report(ds, n=3), xla.shape_report(list(ds), n=3)
+    from_dataset, from_list = shape_report(ds, n=3), shape_report(list(ds), n=3)
     assert from_dataset == from_list and from_list.batches == 3 and from_list.distinct == 1
 
 
 def test_shape_report_and_preflight_read_the_first_epoch_of_a_pipeline():
-    from tpu_helpers import pipeline
+    from tpu_helpers.core import pipeline
 
     ids = np.random.default_rng(0).integers(1, 50, (40, 16)).astype(np.int32)
     batches = pipeline.from_arrays({"input_ids": ids}, np.arange(40) % 2, global_batch=8)
-    assert xla.shape_report(batches, n=3) == xla.shape_report(batches.dataset(0), n=3)
+    assert shape_report(batches, n=3) == shape_report(batches.dataset(0), n=3)
     report = xla.preflight(tiny_model(), batches, Replicas(8), compile_step=False)
     assert report.ok and report["static batch size"].status == "PASS"
 
@@ -396,7 +398,7 @@ def test_preflight_fails_widths_beyond_the_models_positions(fixtures_dir):
     from datasets import load_dataset
     from transformers import DistilBertConfig, TFAutoModelForSequenceClassification
 
-    from tpu_helpers import text
+    from tpu_helpers.data import text
 
     tokenizer = hub.load_tokenizer(str(fixtures_dir / "tiny-distilbert"))
     split = text.tokenize(load_dataset(str(fixtures_dir / "cola"))["validation"], tokenizer, 128)

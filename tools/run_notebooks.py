@@ -8,7 +8,7 @@
     python tools/run_notebooks.py --exercises --prepare-only --out workshop
                                     # the exercise edition, with the offline parameters
 
-A notebook runs on one engine (``engine_of``, its metadata ``tpu_helpers.engine``): the main
+A notebook runs on one engine (``engine_of``, its metadata ``tpu_helpers.core.engine``): the main
 track (``notebooks/``) on Keras 3 and JAX, the seeds' track (``notebooks/tf/``) on the TF engine
 (``tracks.py``). A run takes the notebooks of the engine this environment favours
 (``runtime.choose_engine``), or of ``--engine``; the seeds' track is written to ``OUT/tf/``.
@@ -77,7 +77,7 @@ def notebook_parameters(path: Path, build: Path, outputs: Path) -> dict:
     """The CPU parameters in ``path`` with placeholders filled in: ``${FIXTURES}`` (the
     fixtures in ``build``), ``${OUTPUTS}`` (what the runs write: checkpoints, records,
     models; one folder per set of runs, so that no run resumes another's checkpoints)."""
-    from tpu_helpers.offline import fill_in
+    from tpu_helpers.teaching.offline import fill_in
 
     return fill_in(path.read_text(), build / "fixtures", outputs)
 
@@ -217,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         return {**parameters, **overrides}
 
     import tpu_helpers  # noqa: F401  (environment flags)
-    from tpu_helpers.fixtures import build_fixtures
-    from tpu_helpers.report import build_report
     from tpu_helpers.runtime import choose_engine, detect_runtime
+    from tpu_helpers.teaching.fixtures import build_fixtures
+    from tpu_helpers.teaching.report import build_report
 
     engine = args.engine or choose_engine(detect_runtime()).engine
 

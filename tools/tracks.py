@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MAIN = ROOT / "notebooks"
 SEEDS = MAIN / "tf"
 FOLDERS = (MAIN, SEEDS)
-# (tpu_helpers.offline.PARAMS names the same folders for a notebook opened on a runtime)
+# (tpu_helpers.teaching.offline.PARAMS names the same folders for a notebook opened on a runtime)
 PARAMS = {MAIN: ROOT / "tests" / "params", SEEDS: ROOT / "tests" / "params" / "tf"}
 PATTERN = "[0-9][0-9]_*.ipynb"
 

@@ -7,13 +7,13 @@ Import this package before TensorFlow: it sets ``TF_USE_LEGACY_KERAS=1`` so that
 >>> strategy = tpu_helpers.connect()            # doctest: +SKIP
 """
 
-from tpu_helpers._env import prepare_environment as _prepare_environment
+from tpu_helpers.runtime.env import prepare_environment as _prepare_environment
 
 _prepare_environment()
 
-from tpu_helpers.doctor import doctor  # noqa: E402
 from tpu_helpers.runtime import RuntimeFacts, detect_runtime, install, install_commands  # noqa: E402
-from tpu_helpers.strategy import connect, describe  # noqa: E402
+from tpu_helpers.runtime.doctor import doctor  # noqa: E402
+from tpu_helpers.tf_engine.strategy import connect, describe  # noqa: E402
 
 __version__ = "0.1.0"
 

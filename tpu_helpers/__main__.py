@@ -38,10 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         install(engine=args.engine)
         return 0
     if args.command == "doctor":
-        from tpu_helpers.doctor import doctor
+        from tpu_helpers.runtime.doctor import doctor
 
         return 0 if all(c.ok for c in doctor()) else 1
-    from tpu_helpers.fixtures import build_fixtures
+    from tpu_helpers.teaching.fixtures import build_fixtures
 
     build_fixtures(args.directory, seed=args.seed)
     return 0

@@ -1,0 +1,287 @@
+"""The model families the package knows, in one table: which engine trains each, the
+head the Keras 3 engine builds for it, where its positions start, and how the TF engine
+packs several examples into one row of it. Nothing here imports TensorFlow, Keras or JAX.
+
+=================  ================================================================
+``FAMILIES``       model type -> ``Family`` (every family named anywhere in the package)
+``KERAS3``         the families the Keras 3 engine trains (``Family.keras3``)
+``MLM``            those whose masked-LM head it builds too (``Family.mlm``)
+``KERAS3_PACKED``  those it fine-tunes packed too: its text families (KerasHub's encoder
+                   layers take a mask per query and key, its position embeddings the
+                   positions to read)
+``PACKED``         the families packed fine-tuning covers on the TF engine
+``OFFSET_POSITIONS`` families whose position ids start after the padding id
+=================  ================================================================
+
+>>> FAMILIES["roberta"].offset_positions, "roberta" in KERAS3, "electra" in KERAS3
+(True, True, False)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpu_helpers.core.errors import InputTypeError
+
+__all__ = [
+    "position_limit",
+    "Family",
+    "Head",
+    "MlmHead",
+    "PackedKind",
+    "FAMILIES",
+    "KERAS3",
+    "MLM",
+    "KERAS3_PACKED",
+    "PACKED",
+    "OFFSET_POSITIONS",
+]
+
+
+@dataclass(frozen=True)
+class Head:
+    """How a family's ``*ForSequenceClassification`` (or ``*ForImageClassification``)
+    classifies, as a recipe over KerasHub's backbone of that family.
+
+    Attributes:
+        take: ``"pooled"`` (the backbone's pooled output, its pooler included) or
+            ``"first"`` (the first token of its last hidden states).
+        steps: in order, ``("dropout", config fields)`` (the first field the config sets
+            gives the rate) or ``("dense", checkpoint name, activation)``; the last dense is
+            the classifier itself.
+        inputs: our pipelines' feature names -> the backbone's input names.
+        optional: checkpoint names a base checkpoint may lack (a masked-LM save has no
+            pooler): left as initialised, and said so.
+        backbone: backbone arguments -> the config field that sets them, where KerasHub's
+            converter leaves the backbone's default (BERT's dropout is 0.1 and ViT's layer
+            norm epsilon 1e-6, whatever the config says).
+        fold_token_type: add the token-type embedding of type 0 to the position embeddings,
+            as transformers adds it to every token (KerasHub's RoBERTa converter drops it;
+            its XLM-RoBERTa one folds it so).
+        architecture: the transformers class whose checkpoint this head makes
+            (``save_hub_layout`` writes it into ``config.json``).
+        folded: the position embeddings hold the token-type row 0 (ours or the
+            converter's fold): taken out again when saving in the hub's layout.
+        prefix: the model prefix of the encoder's names in ``architecture``'s checkpoints
+            (transformers' ``base_model_prefix``): a base model saved alone lacks it.
+    """
+
+    take: str
+    steps: tuple
+    inputs: dict
+    optional: tuple = ()
+    backbone: tuple = ()
+    fold_token_type: bool = False
+    architecture: str = ""
+    folded: bool = False
+    prefix: str = ""
+
+
+@dataclass(frozen=True)
+class MlmHead:
+    """How a family's ``*ForMaskedLM`` predicts the hidden tokens, over KerasHub's backbone:
+    a dense layer of the hidden size (``dense``, its activation the first config field of
+    ``activation`` that is set, else ``default_activation``), a layer norm (``norm``, its
+    epsilon from ``epsilon`` or ``default_epsilon``), then the token embeddings transposed
+    (tied, as every family here ties them) plus a bias per token (``bias``). The names are
+    the checkpoint's; ``architecture`` the transformers class."""
+
+    dense: str
+    norm: str
+    bias: str
+    architecture: str
+    activation: tuple = ()
+    default_activation: str = "gelu"
+    epsilon: tuple = ("layer_norm_eps",)
+    default_epsilon: float = 1e-12
+
+
+_ROBERTA_MLM = MlmHead("lm_head.dense", "lm_head.layer_norm", "lm_head.bias", "RobertaForMaskedLM")
+_MLM = {
+    "bert": MlmHead(
+        "cls.predictions.transform.dense",
+        "cls.predictions.transform.LayerNorm",
+        "cls.predictions.bias",
+        "BertForMaskedLM",
+        ("hidden_act",),
+    ),
+    "distilbert": MlmHead(
+        "vocab_transform",
+        "vocab_layer_norm",
+        "vocab_projector.bias",
+        "DistilBertForMaskedLM",
+        ("activation",),
+        epsilon=(),
+    ),
+    "roberta": _ROBERTA_MLM,
+    "xlm-roberta": _ROBERTA_MLM,
+}
+
+
+@dataclass(frozen=True)
+class PackedKind:
+    """How ``packing.PackedClassifier`` drives one family's TF classifier: the attribute of
+    its main layer, its embeddings call, its encoder call and its head (each choice names a
+    ``PackedClassifier`` method).
+
+    * ``embed``: ``"types"`` (ids, positions, token types), ``"no_types"`` (MPNet),
+      ``"masked"`` (DeBERTa-v2 zeroes padding embeddings), ``"distilbert"`` (its blocks
+      are run there, with the block mask its attention does not take);
+    * ``encoder``: ``"full"`` (BERT's signature), ``"short"`` (hidden states, mask, head
+      mask), ``"pairwise"`` (a 0/1 mask per query and key: DeBERTa-v2);
+    * ``head``: ``"bert_pooler"``, ``"albert_pooler"``, ``"deberta_pooler"``,
+      ``"pre_classifier"`` (DistilBERT), ``"first_token"`` (the classifier reads the
+      first token itself: RoBERTa-shaped, ELECTRA, MPNet).
+    """
+
+    main: str
+    embed: str = "types"
+    encoder: str = "full"
+    head: str = "first_token"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family (a ``model_type``): ``offset_positions`` (position ids start after
+    the padding id, RoBERTa's scheme), ``packed`` (how the TF engine packs it, or
+    ``None``), ``keras3`` (the Keras 3 engine's head, or ``None``: the TF engine only),
+    ``mlm`` (the Keras 3 engine's masked-LM head, or ``None``)."""
+
+    offset_positions: bool = False
+    packed: PackedKind | None = None
+    keras3: Head | None = None
+    mlm: MlmHead | None = None
+
+
+_TEXT = {"input_ids": "token_ids", "attention_mask": "padding_mask"}
+_PAIRS = {**_TEXT, "token_type_ids": "segment_ids"}
+_ROBERTA_STEPS = (
+    ("dropout", ("classifier_dropout", "hidden_dropout_prob")),
+    ("dense", "classifier.dense", "tanh"),
+    ("dropout", ("classifier_dropout", "hidden_dropout_prob")),
+    ("dense", "classifier.out_proj", None),
+)
+_HEADS = {
+    "bert": Head(
+        "pooled",
+        (("dropout", ("classifier_dropout", "hidden_dropout_prob")), ("dense", "classifier", None)),
+        _PAIRS,
+        ("pooler.",),
+        (("dropout", "hidden_dropout_prob"),),
+        architecture="BertForSequenceClassification",
+        prefix="bert",
+    ),
+    "albert": Head(
+        "pooled",
+        (("dropout", ("classifier_dropout_prob",)), ("dense", "classifier", None)),
+        _PAIRS,
+        ("pooler.",),
+        architecture="AlbertForSequenceClassification",
+        prefix="albert",
+    ),
+    "distilbert": Head(
+        "first",
+        (
+            ("dense", "pre_classifier", "relu"),
+            ("dropout", ("seq_classif_dropout",)),
+            ("dense", "classifier", None),
+        ),
+        _TEXT,
+        architecture="DistilBertForSequenceClassification",
+        prefix="distilbert",
+    ),
+    "roberta": Head(
+        "first",
+        _ROBERTA_STEPS,
+        _TEXT,
+        fold_token_type=True,
+        architecture="RobertaForSequenceClassification",
+        prefix="roberta",
+        folded=True,
+    ),
+    "xlm-roberta": Head(
+        "first",
+        _ROBERTA_STEPS,
+        _TEXT,
+        (),
+        (("dropout", "hidden_dropout_prob"),),
+        architecture="XLMRobertaForSequenceClassification",
+        prefix="roberta",
+        folded=True,
+    ),
+    "vit": Head(
+        "first",
+        (("dense", "classifier", None),),
+        {"pixel_values": "images"},
+        backbone=(("layer_norm_epsilon", "layer_norm_eps"),),
+        architecture="ViTForImageClassification",
+        prefix="vit",
+    ),
+}
+
+
+_ROBERTA_PACKED = PackedKind("roberta")
+
+#: Every family, in one place; the Keras 3 engine's first, in the order its tests list them.
+FAMILIES = {
+    "albert": Family(
+        packed=PackedKind("albert", encoder="short", head="albert_pooler"), keras3=_HEADS["albert"]
+    ),
+    "bert": Family(
+        packed=PackedKind("bert", head="bert_pooler"), keras3=_HEADS["bert"], mlm=_MLM["bert"]
+    ),
+    "distilbert": Family(
+        packed=PackedKind("distilbert", embed="distilbert", head="pre_classifier"),
+        keras3=_HEADS["distilbert"],
+        mlm=_MLM["distilbert"],
+    ),
+    "roberta": Family(True, _ROBERTA_PACKED, _HEADS["roberta"], _MLM["roberta"]),
+    "xlm-roberta": Family(True, _ROBERTA_PACKED, _HEADS["xlm-roberta"], _MLM["xlm-roberta"]),
+    "vit": Family(keras3=_HEADS["vit"]),
+    "camembert": Family(True, _ROBERTA_PACKED),
+    "deberta-v2": Family(
+        packed=PackedKind("deberta", embed="masked", encoder="pairwise", head="deberta_pooler")
+    ),
+    "electra": Family(packed=PackedKind("electra")),
+    "mpnet": Family(True, PackedKind("mpnet", embed="no_types", encoder="short")),
+    "data2vec-text": Family(offset_positions=True),
+    "esm": Family(offset_positions=True),
+    "longformer": Family(offset_positions=True),
+    "roberta-prelayernorm": Family(offset_positions=True),
+    "xlm-roberta-xl": Family(offset_positions=True),
+}
+KERAS3 = tuple(name for name, f in FAMILIES.items() if f.keras3 is not None)
+MLM = tuple(name for name, f in FAMILIES.items() if f.mlm is not None)
+KERAS3_PACKED = tuple(name for name in KERAS3 if "input_ids" in FAMILIES[name].keras3.inputs)
+PACKED = tuple(sorted(name for name, f in FAMILIES.items() if f.packed is not None))
+OFFSET_POSITIONS = frozenset(name for name, f in FAMILIES.items() if f.offset_positions)
+
+
+def position_limit(model_config) -> int | None:
+    """How many token positions a model can embed: ``max_position_embeddings`` (or
+    ``n_positions``), less RoBERTa-style offsets; ``None`` for models without absolute
+    positions (DeBERTa-v2 with ``position_biased_input=False``, Funnel and other configs
+    that name no limit).
+
+    Needs a model config (``AutoConfig.from_pretrained(checkpoint)`` or ``model.config``):
+    anything else, a tokenizer for instance, raises ``TypeError`` instead of passing.
+
+    >>> from types import SimpleNamespace as Config
+    >>> position_limit(Config(model_type="roberta", max_position_embeddings=514, pad_token_id=1))
+    512
+    """
+    if not hasattr(model_config, "model_type"):
+        raise InputTypeError(
+            f"position_limit needs a model config, got {type(model_config).__name__}. Fix:"
+            " pass AutoConfig.from_pretrained(checkpoint) or model.config (a tokenizer's"
+            " model_max_length is a default for truncation, not the model's limit)."
+        )
+    if getattr(model_config, "position_biased_input", True) is False:
+        return None  # relative positions only
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        limit = getattr(model_config, name, None)
+        if isinstance(limit, int) and limit > 0:
+            if model_config.model_type in OFFSET_POSITIONS:
+                limit -= (getattr(model_config, "pad_token_id", None) or 0) + 1
+            return limit
+    return None
