@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from tpu_helpers.data import hub, packing, text  # noqa: E402  (sets the Keras flag before TF loads)
-from tpu_helpers.tf_engine import packed_model  # noqa: E402
+from tpu_helpers.tf_engine import packed_classes  # noqa: E402
 
 TOKENS_PER_BATCH = 4096  # rows x width of every batch, packed or bucketed (32 x 128)
 
@@ -116,7 +116,7 @@ def steps(model):
     """The bucketed and the packed training step, each compiled with XLA."""
     import tensorflow as tf
 
-    packed = packed_model.PackedClassifier(model)
+    packed = packed_classes.PackedClassifier(model)
     optimizer = tf.keras.optimizers.SGD(1e-3)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -132,7 +132,7 @@ def steps(model):
     @tf.function(jit_compile=True)
     def packed_step(features, y, w):
         with tf.GradientTape() as tape:
-            loss = packed_model.packed_loss(y, packed(features, training=True), w)
+            loss = packed_classes.packed_loss(y, packed(features, training=True), w)
         grads = tape.gradient(loss, model.trainable_variables)
         grads = [tf.convert_to_tensor(g) for g in grads]
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))

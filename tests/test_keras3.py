@@ -323,14 +323,14 @@ def test_a_weight_left_unloaded_or_a_mask_ignored_is_caught(fixtures_dir, monkey
     model = keras3.classifier(folder, verbose=False)
     assert max_logit_gap(model, unmasked, ref["logits"]) > 100 * TOLERANCE
 
-    port = keras3._Reader.port_weight
+    port = keras3.models._Reader.port_weight
 
     def skip_one(self, keras_variable, hf_weight_key, hook_fn=None):
         if hf_weight_key.endswith("encoder.layer.1.attention.self.query.weight"):
             return None  # left as initialised
         return port(self, keras_variable, hf_weight_key, hook_fn)
 
-    monkeypatch.setattr(keras3._Reader, "port_weight", skip_one)
+    monkeypatch.setattr(keras3.models._Reader, "port_weight", skip_one)
     model = keras3.classifier(folder, verbose=False)
     assert max_logit_gap(model, features, ref["logits"]) > 100 * TOLERANCE
 
@@ -820,9 +820,9 @@ def test_a_resume_point_in_the_filler_steps_of_several_hosts_compiles_its_widths
     checkpoint, plan = _cola_batches(fixtures_dir)
     model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
     keras3.compile_classifier(model, 1e-3)
-    steps = keras3._steps_for(model, plan, where="test")
+    steps = keras3.trainer._steps_for(model, plan, where="test")
     past = plan.steps_per_epoch + 2  # a step only the hosts' longer epoch has
-    keras3._precompile(steps, steps.state(), (plan, 0, past), (None, 0, 0))
+    keras3.trainer._precompile(steps, steps.state(), (plan, 0, past), (None, 0, 0))
     assert len(steps._executables) == len(plan.widths)  # each width's train step, one each
 
 

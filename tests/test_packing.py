@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tpu_helpers.core import families
 from tpu_helpers.data import hub, packing
-from tpu_helpers.tf_engine import packed_model, tf_classes
+from tpu_helpers.tf_engine import packed_classes, tf_classes
 
 RNG = np.random.default_rng(0)
 
@@ -171,7 +171,7 @@ class Family:
         self.features = {
             k: tf.constant(v) for k, v in self.arrays.items() if k not in ("labels", "weights")
         }
-        self.packed = packed_model.PackedClassifier(self.model)
+        self.packed = packed_classes.PackedClassifier(self.model)
 
     def reference(self):
         """Logits of every example, from the model's own call on the bucketed batch."""
@@ -218,7 +218,7 @@ def test_packed_gradients_equal_the_unpacked_ones(family, name):
     case = family(name)
     model, arrays = case.model, case.arrays
     with tf.GradientTape() as tape:
-        loss = packed_model.packed_loss(
+        loss = packed_classes.packed_loss(
             arrays["labels"], case.packed(case.features), arrays["weights"]
         )
     ours = tape.gradient(loss, model.trainable_variables)
@@ -269,7 +269,7 @@ def test_the_comparison_fails_a_leaking_mask_and_unrestarted_positions(family, n
     assert case.largest_gap(unrestarted) > 1e-2
     # every real token may attend to every real token of its row
     monkeypatch.setattr(
-        packed_model,
+        packed_classes,
         "same_example",
         lambda s: tf.logical_and(s[:, :, None] >= 0, s[:, None, :] > 0),
     )
@@ -284,7 +284,7 @@ def test_an_unbuilt_model_is_built_by_its_own_call_first():
     config = tiny_config("bert", 100, 0, 3, **SENSITIVE)
     model = TFAutoModelForSequenceClassification.from_config(config)
     assert not model.built
-    packed = packed_model.PackedClassifier(model)
+    packed = packed_classes.PackedClassifier(model)
     weights = len(model.weights)
     rows, features, _ = packed_batch(EXAMPLES, LABELS)
     logits = packed(features).numpy()
@@ -298,10 +298,10 @@ def test_other_families_and_mixing_convolutions_are_refused():
     from types import SimpleNamespace
 
     with pytest.raises(ValueError, match="covers albert, bert"):
-        packed_model.PackedClassifier(SimpleNamespace(config=SimpleNamespace(model_type="gpt2")))
+        packed_classes.PackedClassifier(SimpleNamespace(config=SimpleNamespace(model_type="gpt2")))
     conv = SimpleNamespace(model_type="deberta-v2", conv_kernel_size=3)
-    assert "convolution" in packed_model.unsupported_reason(conv)
-    assert packed_model.unsupported_reason(SimpleNamespace(model_type="deberta-v2")) is None
+    assert "convolution" in packed_classes.unsupported_reason(conv)
+    assert packed_classes.unsupported_reason(SimpleNamespace(model_type="deberta-v2")) is None
 
 
 def test_row_width_holds_the_longest_example():
@@ -315,10 +315,12 @@ def test_the_packed_model_saves_and_loads_as_an_ordinary_checkpoint(tmp_path):
 
     model = tiny_model("bert")
     _, features, _ = packed_batch(EXAMPLES, LABELS)
-    before = packed_model.PackedClassifier(model)(features).numpy()
+    before = packed_classes.PackedClassifier(model)(features).numpy()
     model.save_pretrained(str(tmp_path))
     reloaded = tf_classes.from_pretrained(TFAutoModelForSequenceClassification, str(tmp_path))
-    np.testing.assert_allclose(packed_model.PackedClassifier(reloaded)(features), before, atol=1e-6)
+    np.testing.assert_allclose(
+        packed_classes.PackedClassifier(reloaded)(features), before, atol=1e-6
+    )
     np.testing.assert_allclose(
         reloaded(input_ids=tf.constant([EXAMPLES[0]])).logits[0],
         alone(model, EXAMPLES[0]),
@@ -331,7 +333,7 @@ def test_the_packed_forward_pass_compiles_with_xla():
 
     model = tiny_model("bert")
     _, features, _ = packed_batch(EXAMPLES, LABELS)
-    packed = packed_model.PackedClassifier(model)
+    packed = packed_classes.PackedClassifier(model)
     hlo = xla.compiled_hlo(lambda f: packed(f), features)
     assert not xla.dynamic_shape_ops(hlo)
     if xla.xla_target().runs:
@@ -420,7 +422,7 @@ def test_fit_trains_the_wrapped_model_on_packed_batches():
     plan = packing.packed_batches(
         examples, LABELS * 8, width=24, global_batch=4, epochs=1, max_per_row=3
     )
-    packed = packed_model.packed_keras_model(model)
+    packed = packed_classes.packed_keras_model(model)
     packed.compile(optimizer=tf.keras.optimizers.Adam(1e-2))
     ds = plan.dataset().repeat()
     history = packed.fit(ds, epochs=12, steps_per_epoch=plan.steps_per_epoch, verbose=0).history
@@ -438,7 +440,9 @@ def test_preflight_passes_a_packed_model_and_reads_its_padding_from_segment_ids(
     plan = packing.packed_batches(
         EXAMPLES * 4, LABELS * 4, width=24, global_batch=4, epochs=1, max_per_row=3, pad_token_id=1
     )
-    report = xla.preflight(model, plan, batches=2, train_step=packed_model.packed_train_step(model))
+    report = xla.preflight(
+        model, plan, batches=2, train_step=packed_classes.packed_train_step(model)
+    )
     text = str(report)
     print(text)
     assert "1 distinct shape(s)" in text

@@ -9,7 +9,7 @@ import tensorflow as tf
 from transformers import TFAutoModelForSequenceClassification
 
 from tpu_helpers.core import pipeline
-from tpu_helpers.tf_engine import packed_model, tf_classes, xla
+from tpu_helpers.tf_engine import packed_classes, tf_classes, xla
 from tpu_helpers.tf_engine.custom_loop import CustomLoop
 
 
@@ -79,7 +79,7 @@ def test_the_masked_lm_loss_is_float32_and_counts_every_position(bfloat16):
 
 def test_the_packed_loss_is_float32(bfloat16):
     logits = tf.constant([[[2.0, -1.0], [0.5, 0.25]]], tf.bfloat16)
-    loss = packed_model.packed_loss(tf.constant([[0, 1]]), logits, tf.constant([[1.0, 0.0]]))
+    loss = packed_classes.packed_loss(tf.constant([[0, 1]]), logits, tf.constant([[1.0, 0.0]]))
     assert loss.dtype == tf.float32
     expected = float(np.log1p(np.exp(-3.0)))  # the first slot's cross-entropy alone
     assert float(loss) == pytest.approx(expected, rel=1e-6)

@@ -120,7 +120,7 @@ _MLM = {
 
 @dataclass(frozen=True)
 class PackedKind:
-    """How ``tf_engine.packed_model.PackedClassifier`` drives one family's TF classifier: the attribute of
+    """How ``tf_engine.packed_classes.PackedClassifier`` drives one family's TF classifier: the attribute of
     its main layer, its embeddings call, its encoder call and its head (each choice names a
     ``PackedClassifier`` method).
 

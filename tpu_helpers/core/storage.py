@@ -14,6 +14,7 @@ import tempfile
 from tpu_helpers.core.errors import InputError, MissingFileError
 
 __all__ = [
+    "gfile",
     "SHARED_SCHEMES",
     "is_remote",
     "is_shared",
@@ -30,6 +31,14 @@ SHARED_SCHEMES = ("gs://", "s3://", "hdfs://", "az://", "abfs://", "http://", "h
 
 #: URL schemes a user may mean, for telling a malformed URL from a local folder's name.
 _SCHEMES = ("gs", "gcs", "s3", "http", "https", "hdfs", "ram", "file", "az", "abfs")
+
+
+def gfile():
+    """``tf.io.gfile``, imported when first needed: files on ``gs://``, other registered
+    schemes, and local paths, through one interface."""
+    import tensorflow as tf
+
+    return tf.io.gfile
 
 
 def check_folder(path, what: str = "directory") -> None:

@@ -11,7 +11,7 @@ nearly all of them real, at one shape.
   padding), restarted ``position_ids`` and, for sentence pairs, ``token_type_ids`` (0 for
   the first sentence of each example, 1 for the second); per row the ``starts`` of its
   examples; labels and weights per slot (``[rows, max_per_row]``, weight 0 for empty slots).
-The TF classes that train on these rows are in ``tpu_helpers.tf_engine.packed_model``; the Keras 3
+The TF classes that train on these rows are in ``tpu_helpers.tf_engine.packed_classes``; the Keras 3
 engine's in ``keras3.packed_classifier``.
 """
 

@@ -944,7 +944,7 @@ def _answer_array(function: Callable, segments: np.ndarray, exercise: str) -> np
 def check_attention_mask(allowed: Callable, exercise: str = "07.1") -> None:
     """``allowed(segment_ids)`` gives ``[rows, T, T]`` booleans: query ``i`` may see key
     ``j`` when both are tokens of the same example (padding is seen by no one)."""
-    from tpu_helpers.tf_engine.packed_model import same_example
+    from tpu_helpers.tf_engine.packed_classes import same_example
 
     segments = packed_segments()
     want = same_example(segments).numpy()
