@@ -9,7 +9,7 @@ import re
 from tpu_helpers.core.errors import TpuHelpersError
 from tpu_helpers.core.storage import SHARED_SCHEMES  # noqa: F401  (re-exported)
 
-FORMAT = "tpu_helpers.data.records/1"
+FORMAT = "tpu_helpers.records/1"
 DEFAULT_SHARD_BYTES = 100 * 1024 * 1024
 DTYPES = ("int64", "float32", "bytes")
 LIST_KIND = {"int64": "int64_list", "float32": "float_list", "bytes": "bytes_list"}
