@@ -280,7 +280,7 @@ def _helper_names_used(code: str) -> set[tuple[str, str]]:
         if not found:
             continue
         prefix = f"{found[1]}." if found[1] else ""
-        for item in found[2].strip("()").split(","):
+        for item in found[2].split("#")[0].strip().strip("()").split(","):
             name, _, alias = (part.strip() for part in item.partition(" as "))
             if not name:
                 continue
