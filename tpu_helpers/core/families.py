@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from tpu_helpers.core.errors import InputTypeError
 
 __all__ = [
+    "KERAS3_OTHER_FAMILY_FIX",
     "position_limit",
     "Family",
     "Head",
@@ -251,6 +252,15 @@ FAMILIES = {
     "xlm-roberta-xl": Family(offset_positions=True),
 }
 KERAS3 = tuple(name for name, f in FAMILIES.items() if f.keras3 is not None)
+#: What to do with a checkpoint of a family the Keras 3 engine does not train, on the runtimes
+#: it runs on (Colab's and Kaggle's TPU images, where the TF engine cannot run).
+KERAS3_OTHER_FAMILY_FIX = (
+    "a checkpoint of one of those families (distilbert-base-cased, bert-base-cased,"
+    " roberta-base, xlm-roberta-base, albert-base-v2; google/vit-base-patch16-224 for"
+    " images), or add its family to the table in tpu_helpers/core/families.py (CONTRIBUTING.md"
+    " says how). The TF engine (notebooks/tf/) trains more families where tensorflow-tpu"
+    " runs: a TPU VM, not Colab's or Kaggle's TPU runtime."
+)
 MLM = tuple(name for name, f in FAMILIES.items() if f.mlm is not None)
 KERAS3_PACKED = tuple(name for name in KERAS3 if "input_ids" in FAMILIES[name].keras3.inputs)
 PACKED = tuple(sorted(name for name, f in FAMILIES.items() if f.packed is not None))

@@ -16,7 +16,7 @@ from tpu_helpers.core.errors import (
     EngineError,
     InputTypeError,
 )
-from tpu_helpers.core.families import FAMILIES, KERAS3, MLM, Head, MlmHead
+from tpu_helpers.core.families import FAMILIES, KERAS3, KERAS3_OTHER_FAMILY_FIX, MLM, Head, MlmHead
 from tpu_helpers.core.messages import say
 from tpu_helpers.core.validate import check_learning_rate
 from tpu_helpers.core.versions import KERAS_HUB_PIN
@@ -36,13 +36,6 @@ __all__ = [
 
 #: What a checkpoint this engine cannot train can do instead, on any runtime: the main
 #: track runs here, on Colab's and Kaggle's TPUs, which have no TensorFlow for the TF engine.
-OTHER_FAMILY_FIX = (
-    "a checkpoint of one of those families (distilbert-base-cased, bert-base-cased,"
-    " roberta-base, xlm-roberta-base, albert-base-v2; google/vit-base-patch16-224 for"
-    " images), or add its family to the table in tpu_helpers/core/families.py (CONTRIBUTING.md"
-    " says how). The TF engine (notebooks/tf/) trains more families where tensorflow-tpu"
-    " runs: a TPU VM, not Colab's or Kaggle's TPU runtime."
-)
 #: The Keras 3 engine's head of each family it trains (``families.KERAS3``).
 HEADS = {name: FAMILIES[name].keras3 for name in KERAS3}
 
@@ -72,7 +65,7 @@ def checkpoint_folder(checkpoint: str, **options) -> tuple[Path, dict]:
     if family not in HEADS:
         raise EngineError(
             f"{checkpoint!r} is a {family!r} checkpoint; the Keras 3 engine trains"
-            f" {', '.join(KERAS3)}. Fix: {OTHER_FAMILY_FIX}"
+            f" {', '.join(KERAS3)}. Fix: {KERAS3_OTHER_FAMILY_FIX}"
         )
     weights = find_weights(str(checkpoint), **options)
     if weights.layout != "pytorch-safetensors":
@@ -214,7 +207,7 @@ def _activation(keras, name: str | None):
         raise EngineError(
             f"the checkpoint's config asks for the activation {name!r}, which this engine does"
             f" not map onto KerasHub's layers (it maps {sorted(activations)}). Fix:"
-            f" {OTHER_FAMILY_FIX}"
+            f" {KERAS3_OTHER_FAMILY_FIX}"
         )
     return activations[name]
 

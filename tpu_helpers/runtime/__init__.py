@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from tpu_helpers.core.errors import InputError, InstallError
-from tpu_helpers.core.families import KERAS3
+from tpu_helpers.core.families import KERAS3, KERAS3_OTHER_FAMILY_FIX
 from tpu_helpers.core.messages import say
 from tpu_helpers.core.versions import KERAS_HUB, KERAS_HUB_PIN, KERAS_MINORS, KERAS_REQUIREMENT
 from tpu_helpers.runtime.env import distribution_version
@@ -297,21 +297,37 @@ def choose_engine(facts: RuntimeFacts, model_type: str | None = None) -> EngineC
     A TPU runtime that ships JAX and no ``tensorflow-tpu`` (Colab's and Kaggle's TPU images
     since 2025) runs the Keras 3 engine on that JAX and its libtpu, which nothing replaces;
     so does a machine with Keras 3, JAX and transformers 5 (which has no TF classes, so the
-    TF engine cannot run there, tf-keras or not). Everything else
-    runs the TF engine, and so does a family KerasHub cannot load (``families.KERAS3``).
+    TF engine cannot run there, tf-keras or not). Everything else runs the TF engine. A
+    family the Keras 3 engine does not train (``families.KERAS3``) goes to the TF engine
+    where the runtime runs it; elsewhere the choice stays, its reason the fix that works on
+    this runtime.
 
     >>> facts = RuntimeFacts("kaggle", "tpu", distributions={"jax": "0.7.2",
     ...     "libtpu": "0.0.21", "keras": "3.11.3", "tensorflow-cpu": "2.20.0"})
     >>> choose_engine(facts).engine, choose_engine(facts, "electra").engine
-    ('keras3', 'tf')
+    ('keras3', 'keras3')
+    >>> choose_engine(RuntimeFacts("local", "cpu"), "electra").engine
+    'tf'
     """
-    d = facts.distributions
-    if model_type is not None and model_type not in KERAS3:
+    choice = _engine_of_runtime(facts)
+    if model_type is None or model_type in KERAS3:
+        return choice
+    if choice.engine == "tf":
         return EngineChoice(
             "tf",
-            f"the Keras 3 engine trains {', '.join(KERAS3)}, not {model_type!r}:"
-            " its checkpoints train on the TF engine (the notebooks of notebooks/tf/)",
+            f"{choice.reason}; the Keras 3 engine trains {', '.join(KERAS3)}, not"
+            f" {model_type!r}, which the TF engine trains (the notebooks of notebooks/tf/)",
         )
+    return EngineChoice(  # the TF engine cannot run here: the fix must work on this runtime
+        "keras3",
+        f"{choice.reason}; it trains {', '.join(KERAS3)}, not {model_type!r}."
+        f" Fix: {KERAS3_OTHER_FAMILY_FIX}",
+    )
+
+
+def _engine_of_runtime(facts: RuntimeFacts) -> EngineChoice:
+    """The engine this runtime's packages favour, whatever the checkpoint."""
+    d = facts.distributions
     keras = minor(d.get("keras"))
     jax, tf_tpu = d.get("jax"), d.get("tensorflow-tpu")
     if facts.accelerator == "tpu" and jax and not tf_tpu:
