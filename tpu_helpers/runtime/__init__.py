@@ -404,33 +404,12 @@ def install_commands(facts: RuntimeFacts) -> list[str]:
     """
     if facts.platform == "local":
         return []
-    dists = facts.distributions
-    pip = "pip install -q"
-    commands: list[str] = []
-
-    tf_version = facts.tensorflow_version
-    if facts.accelerator == "tpu" and facts.tensorflow_build != "tensorflow-tpu":
-        others = [n for n in ("tensorflow", "tensorflow-cpu") if dists.get(n)]
-        if others:
-            commands.append("pip uninstall -y " + " ".join(others))
-        commands.append(f"{pip} {TENSORFLOW_TPU_PIN} {LIBTPU_PIN}")
-        tf_version = TENSORFLOW_TPU_PIN.split("==")[1]
-    elif facts.tensorflow_build == "tensorflow-tpu" and not libtpu_loads(dists.get("libtpu")):
-        # a libtpu that aborts the import (one installed for JAX, say): pip keeps it unless
-        # asked for this exact release
-        commands.append(f"{pip} {LIBTPU_PIN}")
-    elif tf_version is None:
-        pin = TENSORFLOW_PIN
-        if facts.accelerator == "gpu":
-            pin = pin.replace("tensorflow", "tensorflow[and-cuda]", 1)
-        commands.append(f"{pip} {shlex.quote(pin)}")
-        tf_version = pin.split("==")[1]
-
+    commands, tf_version = _tensorflow_commands(facts)
     tf_minor = minor(tf_version)
+    dists = facts.distributions
     if tf_minor and minor(dists.get("tf-keras")) != tf_minor:
         spec = f"tf-keras~={tf_minor[0]}.{tf_minor[1]}.0"
-        commands.append(f"{pip} --no-deps {shlex.quote(spec)}")
-
+        commands.append(f"{_PIP} --no-deps {shlex.quote(spec)}")
     # transformers 4 and the datasets / huggingface-hub pair in one command: installed one
     # after the other, each step would leave the other's requirement broken for a moment.
     hugging_face = []
@@ -441,8 +420,7 @@ def install_commands(facts: RuntimeFacts) -> list[str]:
     if datasets is None or datasets >= (5, 1) or datasets < (4, 0) or (hub and hub[0] >= 1):
         hugging_face += [shlex.quote(DATASETS_SPEC), shlex.quote(HUB_SPEC)]
     if hugging_face:
-        commands.append(f"{pip} {' '.join(hugging_face)}")
-
+        commands.append(f"{_PIP} {' '.join(hugging_face)}")
     # TensorBoard (tf.summary needs it to write logs) of TensorFlow's minor version, and
     # its profile plugin, where the runtime lacks them
     board = []
@@ -451,8 +429,35 @@ def install_commands(facts: RuntimeFacts) -> list[str]:
     if not dists.get("tensorboard-plugin-profile"):
         board.append(PROFILE_PLUGIN_PIN)
     if board:
-        commands.append(f"{pip} {' '.join(board)}")
+        commands.append(f"{_PIP} {' '.join(board)}")
     return commands
+
+
+_PIP = "pip install -q"
+
+
+def _tensorflow_commands(facts: RuntimeFacts) -> tuple[list[str], str | None]:
+    """The commands that give ``facts``' runtime the TensorFlow build for its accelerator,
+    and the TensorFlow version it then has (``None``: none is planned or there)."""
+    dists, commands = facts.distributions, []
+    tf_version = facts.tensorflow_version
+    if facts.accelerator == "tpu" and facts.tensorflow_build != "tensorflow-tpu":
+        others = [n for n in ("tensorflow", "tensorflow-cpu") if dists.get(n)]
+        if others:
+            commands.append("pip uninstall -y " + " ".join(others))
+        commands.append(f"{_PIP} {TENSORFLOW_TPU_PIN} {LIBTPU_PIN}")
+        tf_version = TENSORFLOW_TPU_PIN.split("==")[1]
+    elif facts.tensorflow_build == "tensorflow-tpu" and not libtpu_loads(dists.get("libtpu")):
+        # a libtpu that aborts the import (one installed for JAX, say): pip keeps it unless
+        # asked for this exact release
+        commands.append(f"{_PIP} {LIBTPU_PIN}")
+    elif tf_version is None:
+        pin = TENSORFLOW_PIN
+        if facts.accelerator == "gpu":
+            pin = pin.replace("tensorflow", "tensorflow[and-cuda]", 1)
+        commands.append(f"{_PIP} {shlex.quote(pin)}")
+        tf_version = pin.split("==")[1]
+    return commands, tf_version
 
 
 #: The module each distribution of the stack is imported as.
@@ -583,10 +588,6 @@ def install(
     asks for a restart only when a package it changed had already been imported.
     Returns the plan.
     """
-    import importlib
-
-    from tpu_helpers.runtime.env import prepare_environment
-
     if engine not in ENGINES:
         raise InputError(
             f"engine={engine!r} is not one of {ENGINES}. Fix: engine='tf' or 'keras3'."
@@ -602,6 +603,24 @@ def install(
         say(f"[install] {facts.platform}: not Colab or Kaggle, so nothing is run.")
         return plan
     loaded = {name: module for name, module in _MODULES.items() if module in sys.modules}
+    changed = _run_plan(plan, run, engine)
+    stale = sorted({loaded[name] for name in changed if name in loaded})
+    if stale:
+        say(
+            f"[install] {', '.join(stale)} changed after it was imported in this session:"
+            " Runtime -> Restart session, then run the notebook again from the top."
+        )
+    return plan
+
+
+def _run_plan(plan: list[str], run: Callable[..., object], engine: str) -> list[str]:
+    """Run ``plan``'s commands, say what each changed, refuse a change to a package the
+    runtime keeps (JAX, libtpu: the Keras 3 engine's plans must leave them), and return the
+    distributions the commands name."""
+    import importlib
+
+    from tpu_helpers.runtime.env import prepare_environment
+
     changed: list[str] = []
     before = installed()
     for command in plan:
@@ -623,10 +642,4 @@ def install(
             " runtime, then run the notebook from the top (JAX and libtpu must stay the"
             " runtime's own)."
         )
-    stale = sorted({loaded[name] for name in changed if name in loaded})
-    if stale:
-        say(
-            f"[install] {', '.join(stale)} changed after it was imported in this session:"
-            " Runtime -> Restart session, then run the notebook again from the top."
-        )
-    return plan
+    return changed
