@@ -252,7 +252,6 @@ LONG_FUNCTIONS = {
     "data.text.text_batches": 56,
     "data.records.write.write_records": 54,
     "teaching.workshop.check_record_batches": 53,
-    "data.mlm.pack_blocks": 51,
     "teaching.workshop.check_widths": 51,
 }
 

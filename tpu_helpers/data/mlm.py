@@ -174,6 +174,20 @@ def check_model_fits(config, tokenizer, block_size: int) -> None:
         )
 
 
+def _separator(tokenizer) -> int:
+    """The token put between documents: the tokenizer's ``sep``, else its ``eos``."""
+    separator = (
+        tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    )
+    if separator is None:
+        raise InputError(
+            f"{type(tokenizer).__name__} has neither a sep nor an eos token to put between"
+            " documents. Fix: tokenizer.add_special_tokens({'sep_token': '</s>'}) and resize"
+            " the model's embeddings, or use another tokenizer."
+        )
+    return separator
+
+
 def pack_blocks(
     dataset,
     tokenizer,
@@ -193,24 +207,18 @@ def pack_blocks(
     token. Blank documents are left out unless ``keep_empty``.
     """
     if block_size < 8:
-        raise InputError(f"block_size={block_size} is too small for a language model block.")
-    separator = (
-        tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
-    )
-    if separator is None:
         raise InputError(
-            f"{type(tokenizer).__name__} has neither a sep nor an eos token to put between"
-            " documents. Fix: tokenizer.add_special_tokens({'sep_token': '</s>'}) and resize"
-            " the model's embeddings, or use another tokenizer."
+            f"block_size={block_size} is too small for a language model block. Fix: 128 or"
+            " more (BERT and RoBERTa were pretrained on blocks of 512)."
         )
-    start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
-    body = block_size - (start is not None)
-    missing = [text_column] if text_column not in dataset.column_names else []
-    if missing:
+    if text_column not in dataset.column_names:
         raise InputError(
             f"The data set has no column {text_column!r} (it has {dataset.column_names})."
             " Fix: pass text_column=."
         )
+    separator = _separator(tokenizer)
+    start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    body = block_size - (start is not None)
 
     def blocks(batch):
         texts = [t for t in batch[text_column] if keep_empty or (t and t.strip())]
