@@ -43,20 +43,20 @@ case "$STACK" in
     VENV=.venv-tpu
     PYTHON="${PYTHON_TPU:-python3.12}"
     export PYENV_VERSION="${PYENV_VERSION:-3.12.1}"  # pyenv machines: the 3.12 interpreter
-    inputs="requirements.txt pyproject.toml tools/tf-tpu-start-image.txt tpu_helpers/runtime.py"
+    inputs="requirements.txt pyproject.toml tools/tf-tpu-start-image.txt tpu_helpers/runtime/__init__.py"
     ;;
   colab)
     VENV=.venv-colab
     image=tools/colab-tpu-image.txt
     PYTHON="${PYTHON_COLAB:-python$(sed -n 's/^# python: //p' "$image")}"
     export PYENV_VERSION="${PYENV_VERSION_COLAB:-3.13.0}"
-    inputs="requirements.txt pyproject.toml $image tpu_helpers/runtime.py"
+    inputs="requirements.txt pyproject.toml $image tpu_helpers/runtime/__init__.py"
     ;;
   keras3)
     VENV=.venv-keras3
     PYTHON="${PYTHON_TPU:-python3.12}"
     export PYENV_VERSION="${PYENV_VERSION:-3.12.1}"
-    inputs="requirements.txt pyproject.toml tools/kaggle-tpu-image.txt tpu_helpers/runtime.py"
+    inputs="requirements.txt pyproject.toml tools/kaggle-tpu-image.txt tpu_helpers/runtime/__init__.py"
     ;;
   *)
     echo "STACK must be cpu, tpu, keras3 or colab, not '$STACK'" >&2
