@@ -1,5 +1,5 @@
 """Train a tiny model with ``trainer.fit_resumable`` (or ``CustomLoop.fit`` with
-``--loop custom``) for ``test_checkpoints``: on notebook 01's in-memory bucketed batches,
+``--loop custom``) for ``test_tf_trainer``: on notebook 01's in-memory bucketed batches,
 notebook 03's TFRecord shards (``--data records``) or notebook 06's masked blocks read from
 shards (``--data masked``); uninterrupted, killed with SIGKILL when a step is about to
 start (``--kill-at``), or interrupted by a ``KeyboardInterrupt`` and run again in the same

@@ -1021,7 +1021,7 @@ def test_labels_and_token_ids_the_model_has_no_row_for_are_refused_before_any_st
 ):
     """On JAX both train silently (a label out of range counts nothing; an id out of range
     gathers garbage, a nan loss): the core refuses them, naming the value and the fix, and
-    writes nothing. tests/test_checkpoints.py holds the TF engine to the same messages."""
+    writes nothing. tests/test_tf_trainer.py holds the TF engine to the same messages."""
     checkpoint, batches, cases = cola_with_row_5
     model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
     keras3.compile_classifier(model, 1e-3)

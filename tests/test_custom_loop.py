@@ -1,6 +1,6 @@
 """CustomLoop: checkpoints on a bucket-like path, restores refused or fallen back from,
 batches of the wrong size, corrupt records. Killed and resumed runs are in
-``test_checkpoints`` (the custom-loop kill chain: bit-for-bit weights and learning rates)."""
+``test_tf_trainer`` (the custom-loop kill chain: bit-for-bit weights and learning rates)."""
 
 import numpy as np
 import pytest
