@@ -23,7 +23,7 @@ from tpu_helpers import keras3  # noqa: E402
 
 
 class Epoch:
-    """What jax_steps.Steps reads of a tf.data.Dataset (take, as_numpy_iterator), over
+    """What keras3.steps.Steps reads of a tf.data.Dataset (take, as_numpy_iterator), over
     batches in memory: no TensorFlow on this machine."""
 
     def __init__(self, batches):
@@ -91,7 +91,7 @@ def main():
         out[label] = {"steps_per_s": a.steps / best, "real_tokens_per_s": tokens / best}
         print(label, json.dumps(out[label]), flush=True)
 
-    # 1. the engine: jax_steps.Steps, per_call steps fused per compiled call
+    # 1. the engine: keras3.steps.Steps, per_call steps fused per compiled call
     model = keras3.classifier(a.checkpoint, num_labels=2, verbose=False)
     keras3.compile_classifier(model, 3e-5, steps_per_execution=a.per_call)
     from tpu_helpers.keras3.steps import Steps

@@ -162,7 +162,7 @@ keras3_leg() {
   rm -rf "$JAX_COMPILATION_CACHE_DIR" "build/nbval-$stack-8" "build/pytest-$stack-8"
   if [ "$stack" = keras3 ]; then  # the exercise checks' wrong answers, on one leg
     more=(tests/test_exercises.py tests/test_workshop_jax.py)
-    notebooks=()  # Kaggle's v5e-8: every notebook at eight devices, below
+    notebooks=()  # Kaggle's v5e-8: five notebooks at eight devices, below
   else  # Colab's v5e-1: every notebook and variant at one device
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
       --replicas 1

@@ -1,2 +1,3 @@
-"""The training core: errors, checks, the family table, versions, the log, the
-Batches contract, the engine-neutral trainer loop, metrics, storage and the hub's files."""
+"""The training core: errors, report rows (``checks``), input validation, the family table,
+versions, the log, the ``Batches`` contract, the loop both engines share (``engine``),
+metrics and storage."""

@@ -21,6 +21,8 @@ class                        condition                                     defin
                              (backend, devices, family)
 ``TrainingDivergedError``    the loss is no longer a number: nothing more  here
                              is saved over the run's last good save
+``InstallError``             an install plan changed what the runtime      here
+                             keeps (JAX, libtpu)
 ``TPUConnectionError``       no TPU could be resolved                      ``strategy``
 ``RecordsError``             shards and their metadata disagree            ``records``
 ``XlaUnavailableError``      compiled steps cannot run in this process     ``xla``

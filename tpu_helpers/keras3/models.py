@@ -485,7 +485,7 @@ def compile_classifier(
     """Compile as the TF notebooks do: Adam, cross-entropy on the logits, and accuracy
     weighted by the batches' weights (weight-0 filler rows count for nothing). A
     ``packed_classifier`` (logits per slot) averages its loss over the weighted slots, as
-    the TF engine's ``tf_engine.packed_model.packed_loss`` does: the count of examples varies by batch."""
+    the TF engine's ``tf_engine.packed_classes.packed_loss`` does: the count of examples varies by batch."""
     keras = _keras()
     if optimizer is None:
         check_learning_rate(learning_rate)

@@ -1,7 +1,8 @@
 """The checks behind the main track's exercises (Keras 3 and JAX, ``notebooks/``).
 
 Each ``check_*`` takes what the learner wrote, raises ``ExerciseCheckError`` naming what
-is wrong and how to fix it, or prints what was right; the seeds' track's checks are in
+is wrong and how to fix it, or prints what was right; the checks that need neither JAX
+nor TensorFlow's step (widths, records, schedules, masks), which both tracks call, are in
 ``workshop``. JAX is imported when a check runs, so that importing this module starts
 nothing.
 """
