@@ -123,13 +123,13 @@ def test_a_mask_that_lets_examples_see_each_other_or_positions_that_run_on_are_c
     ops = keras.ops
     if wrong == "mask":
         monkeypatch.setattr(
-            keras3,
+            keras3.packed,
             "packed_attention",
             lambda s: ops.expand_dims(ops.ones_like(s) > 0, 1) & (ops.expand_dims(s, 1) > 0),
         )
     else:
         monkeypatch.setattr(
-            keras3, "packed_positions", lambda s: ops.cumsum(ops.ones_like(s), 1) - 1
+            keras3.packed, "packed_positions", lambda s: ops.cumsum(ops.ones_like(s), 1) - 1
         )
     model = keras3.classifier(fixtures_dir / "engines" / "bert", verbose=False)
     arrays, rows = packed(examples, types, [0] * len(examples))
