@@ -7,7 +7,7 @@ where ``OUT`` is set).
     python benchmarks/keras3_step.py /tmp/base-bert [--batch 32] [--width 128] [--steps 64]
 
 Needs Keras 3, KerasHub and JAX, not TensorFlow: the batches are in memory, handed to
-``steps.Steps`` through the two methods it reads of a ``tf.data.Dataset``.
+``keras3.steps.Steps`` through the two methods it reads of a ``tf.data.Dataset``.
 """
 
 import argparse

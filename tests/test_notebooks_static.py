@@ -287,7 +287,7 @@ def _helper_names_used(code: str) -> set[tuple[str, str]]:
             if _is_helper_module(f"{prefix}{name}"):
                 modules[alias or name] = f"{prefix}{name}"
             else:
-                used.add((found[1], name))
+                used.add((found[1] or "", name))
     for local, module in modules.items():
         used |= {(module, n) for n in re.findall(rf"(?<![\w.]){local}\.(\w+)", code)}
     return used
@@ -302,7 +302,8 @@ def test_notebooks_use_only_declared_helper_names(path):
     code = "\n".join(source(c) for c in load(path)["cells"] if c["cell_type"] == "code")
     undeclared = []
     for module, name in sorted(_helper_names_used(code)):
-        declared = getattr(importlib.import_module(f"tpu_helpers.{module}"), "__all__", ())
+        where = f"tpu_helpers.{module}" if module else "tpu_helpers"
+        declared = getattr(importlib.import_module(where), "__all__", ())
         if name not in declared:
             undeclared.append(f"{module}.{name}")
     assert not undeclared, f"not in their module's __all__: {undeclared}"

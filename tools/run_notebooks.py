@@ -8,7 +8,7 @@
     python tools/run_notebooks.py --exercises --prepare-only --out workshop
                                     # the exercise edition, with the offline parameters
 
-A notebook runs on one engine (``engine_of``, its metadata ``tpu_helpers.core.engine``): the main
+A notebook runs on one engine (``engine_of``, its metadata ``tpu_helpers.engine``): the main
 track (``notebooks/``) on Keras 3 and JAX, the seeds' track (``notebooks/tf/``) on the TF engine
 (``tracks.py``). A run takes the notebooks of the engine this environment favours
 (``runtime.choose_engine``), or of ``--engine``; the seeds' track is written to ``OUT/tf/``.

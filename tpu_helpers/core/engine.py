@@ -7,13 +7,15 @@ run record a folder of saves must match, when a save is due, the history of ever
 (those of earlier processes too), and the explanation of a data error met while reading.
 What differs is an engine's ``Trainer`` (the seam, a typed Protocol below):
 
-==========================  ============================================================
-``trainer.TfTrainer``   transformers' TF classes and tf-keras: each epoch one ``fit``
-                            call on ``batches.distribute(strategy, ...)``, the state in
-                            ``tf.train`` checkpoints (``RunCheckpoints``)
-``keras3.JaxTrainer``       Keras 3 on JAX: each epoch through ``steps.Steps``
-                            (compiled once per width, steps fused), the state in ``.npz``
-==========================  ============================================================
+===============================  =======================================================
+``tf_engine.trainer.TfTrainer``  transformers' TF classes and tf-keras: each epoch one
+                                 ``fit`` call on ``batches.distribute(strategy, ...)``,
+                                 the state in ``tf.train`` checkpoints
+                                 (``RunCheckpoints``)
+``keras3.JaxTrainer``            Keras 3 on JAX: each epoch through
+                                 ``keras3.steps.Steps`` (compiled once per width, steps
+                                 fused), the state in ``.npz``
+===============================  =======================================================
 
 This module imports neither engine: each engine's ``fit_resumable`` and ``predict_classes``
 (``keras3``, ``tf_engine.trainer``) hand its trainer to ``fit_with`` and ``predict_with``.

@@ -12,20 +12,21 @@ their places.
 
 Its modules, each a concern (this package names their public parts):
 
-==============  ===================================================================
-``devices``     the devices a batch is split over (simulated CPU devices too),
-                ``connect`` (``keras.distribution.DataParallel`` made global), what
-                several JAX processes agree on
-``models``      ``classifier`` and ``masked_lm``: encoder + head from a checkpoint, as
-                ``keras.Model``; ``compile_classifier``, ``compile_masked_lm``
-``packed``      ``packed_classifier``: a classifier on packed rows
-``export``      ``save_hub_layout``: the trained model in the hub's layout
-``trainer``     ``RunSaves``, ``JaxTrainer``, ``fit_resumable`` (``core.engine.fit_with``,
-                the one loop of both engines), ``predict_classes``, ``evaluate``,
-                ``compilations``, ``input_bound_check``
-``steps``       the compiled steps (one program per width), hosts
-``internals``   the private Keras and KerasHub names the engine needs
-==============  ===================================================================
+================  ======================================================================
+``distribution``  ``devices``, the devices a batch is split over (simulated CPU devices
+                  too), ``connect`` (``keras.distribution.DataParallel`` made global),
+                  what several JAX processes agree on
+``models``        ``classifier`` and ``masked_lm``: encoder + head from a checkpoint, as
+                  ``keras.Model``; ``compile_classifier``, ``compile_masked_lm``
+``packed``        ``packed_classifier``: a classifier on packed rows
+``export``        ``save_hub_layout``: the trained model in the hub's layout
+``trainer``       ``RunSaves``, ``JaxTrainer``, ``fit_resumable``
+                  (``core.engine.fit_with``, the one loop of both engines),
+                  ``predict_classes``, ``evaluate``, ``compilations``,
+                  ``input_bound_check``
+``steps``         the compiled steps (one program per width), hosts
+``internals``     the private Keras and KerasHub names the engine needs
+================  ======================================================================
 
 >>> from tpu_helpers import keras3  # doctest: +SKIP
 >>> distribution = keras3.connect()
@@ -39,7 +40,7 @@ import warnings
 from tpu_helpers.core.errors import EngineError
 from tpu_helpers.core.families import Head
 from tpu_helpers.core.versions import WRITTEN_FOR, installed
-from tpu_helpers.keras3.devices import connect, devices, replicas, simulation_env
+from tpu_helpers.keras3.distribution import connect, devices, replicas, simulation_env
 from tpu_helpers.keras3.export import save_hub_layout
 from tpu_helpers.keras3.models import (
     HEADS,

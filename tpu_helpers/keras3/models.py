@@ -21,7 +21,7 @@ from tpu_helpers.core.messages import say
 from tpu_helpers.core.validate import check_learning_rate
 from tpu_helpers.core.versions import KERAS_HUB_PIN
 from tpu_helpers.data.hub import HUB_OPTIONS, find_weights, resolve_file
-from tpu_helpers.keras3.devices import _keras
+from tpu_helpers.keras3.distribution import _keras
 
 __all__ = [
     "HubSource",

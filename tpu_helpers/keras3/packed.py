@@ -11,7 +11,7 @@ from tpu_helpers.core.errors import (
 )
 from tpu_helpers.core.families import Head
 from tpu_helpers.core.versions import KERAS_HUB_PIN
-from tpu_helpers.keras3.devices import _keras
+from tpu_helpers.keras3.distribution import _keras
 from tpu_helpers.keras3.models import HubSource, _model_class
 
 __all__ = [

@@ -30,7 +30,7 @@ from tpu_helpers.core.messages import say
 from tpu_helpers.core.pipeline import require_batches
 from tpu_helpers.core.storage import gfile
 from tpu_helpers.core.validate import check_positive
-from tpu_helpers.keras3.devices import (
+from tpu_helpers.keras3.distribution import (
     _keras,
     all_processes_reach,
     first_process_says,

@@ -128,7 +128,7 @@ def check_global_mean(weighted_mean: Callable, devices, exercise: str = "00.2") 
 def model_state(model) -> tuple:
     """``(trainable, non_trainable, optimizer)``: the values of a compiled model's
     variables, in their order, the state a JAX training step takes and returns
-    (``steps.variable_values``, as the engine's steps read it)."""
+    (``keras3.steps.variable_values``, as the engine's steps read it)."""
     from tpu_helpers.keras3.steps import variable_values
 
     return variable_values(model)

@@ -7,7 +7,7 @@ What ``model.fit`` does for you, written out so each piece can be changed:
 * the loss of each replica divided by the *global* batch (``tf.nn.compute_average_loss``),
   so the gradients summed across replicas are those of the global mean;
 * metrics created in the strategy scope and reset every epoch;
-* checkpoints of model and optimizer (``trainer.RunCheckpoints``, the code Keras
+* checkpoints of model and optimizer (``tf_engine.trainer.RunCheckpoints``, the code Keras
   ``fit`` resumes with too; any ``tf.io.gfile`` path: local, ``gs://``, ``ram://``).
   ``fit`` restores the latest checkpoint and continues from its step: the optimizer's
   step counter goes on, and the data resumes at the same batch.
@@ -170,7 +170,7 @@ class CustomLoop:
         layer, another architecture) instead of training on from fresh weights. Variables
         that do not exist yet (a model built by its first batch, optimizer slots) are
         checked after the first training step, before anything is saved. A damaged latest
-        checkpoint falls back to the one before (see ``trainer.RunCheckpoints``).
+        checkpoint falls back to the one before (see ``tf_engine.trainer.RunCheckpoints``).
         """
         return self.checkpoints.restore() if self.checkpoints else self.step
 

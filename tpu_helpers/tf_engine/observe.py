@@ -163,7 +163,7 @@ class TrainingLog:
         """A Keras callback that writes each epoch's logs, learning rate and rates.
 
         ``steps_per_epoch``: the steps of a whole epoch, for ``fit`` calls that run part of
-        one (``trainer.fit_resumable`` resuming mid-epoch): the rates then count the
+        one (``tf_engine.trainer.fit_resumable`` resuming mid-epoch): the rates then count the
         steps the optimizer took. Without it every ``fit`` epoch counts as whole.
         """
         import tensorflow as tf
