@@ -189,9 +189,11 @@ keras3_leg() {
     skip+=" or another_learning_rate or no_longer_a_number or data_ends_before"
     skip+=" or class_ids_of_in_memory"
     skip+=" or killed_run_resumes or made_again_resume or stopped_mid_epoch_resumes"
-    # and the package's own saves in the hub's layout read back (111 s and 82 s of this leg
-    # in the CI rehearsal of 2026-12-06, 1886 s side by side)
-    skip+=" or saved_in_the_hubs_layout_loads_back"
+    # and the package's own saves read back: in the hub's layout, by either engine (111 s, 82 s
+    # and 157 s of this leg in the CI rehearsals of 2026-12-06), and the fall-back to the save
+    # before a lost or damaged one (50 s and 30 s)
+    skip+=" or saved_in_the_hubs_layout_loads_back or tf_engine_loads_what_the_keras3_engine_saved"
+    skip+=" or newest_save_falls_back"
     more=(tests/test_offline.py -k "not ($skip)")
   fi
   # Each pytest's status is kept: the leg runs under `(leg) || status=$?` (timed_leg), where
