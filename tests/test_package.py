@@ -135,6 +135,16 @@ def test_one_training_loop_serves_both_engines_and_the_core_imports_neither():
     assert "check_same_run" in engine.__all__ and "InputBoundReport" not in dir(engine)
 
 
+def test_the_keras3_package_binds_every_public_name_of_its_modules():
+    """``keras3`` names its modules' ``__all__``: a name a module adds there and the package
+    does not import would be declared and missing (notebooks call ``keras3.<name>``)."""
+    from tpu_helpers import keras3
+
+    missing = [name for name in keras3.__all__ if not hasattr(keras3, name)]
+    assert missing == [] and len(keras3.__all__) == len(set(keras3.__all__)), missing
+    assert {"classifier", "fit_resumable", "devices", "save_hub_layout"} <= set(keras3.__all__)
+
+
 def test_the_tf_engine_refuses_a_keras3_model_naming_the_keras3_entry():
     from tpu_helpers.core.errors import EngineError
     from tpu_helpers.tf_engine import trainer
