@@ -16,12 +16,12 @@
 #           01 at two, in bfloat16; the other notebooks and unit tests run on the CPU leg.
 #   keras3  the Keras 3 engine on a stack shaped like Kaggle's TPU image (Python 3.12, JAX
 #           0.10): its tests at eight devices (a v5e-8), the two-process pod-slice
-#           rehearsals, main-track notebooks 00, 01, 03, 04 and 07 at eight (the rest, and the
-#           variants: on the Colab leg).
+#           rehearsals, main-track notebooks 00, 01 (its sentence-pair variant), 03, 04
+#           and 07 at eight (the rest on the Colab leg, the other variants in the main job).
 #   colab   the Keras 3 engine on a stack shaped like Colab's TPU runtime as it ships
 #           (Python 3.13, JAX 0.7.2, Keras 3.13.2 before the install cell, transformers
 #           5.15, no TensorFlow, no PyTorch): its tests at eight devices, the main
-#           track's notebooks and their variants at one (Colab's free v5e-1; 01 as the
+#           track's notebooks at one (Colab's free v5e-1; 01 as the
 #           teaching page's no-TPU recipe runs it).
 #
 set -euo pipefail
@@ -132,10 +132,10 @@ tf_tpu_leg() {
 # the TF engine's numbers in the fixtures, at eight devices, kill and resume included),
 # the engine choice and install plans, the image preprocessing read without PyTorch, and
 # the main track's notebooks cell by cell in bfloat16 (their default), each leg at the
-# device count of its runtime: the Colab-shaped leg at one (Colab's free v5e-1), with the
-# sentence-pair variants (less those the main job alone runs, below); the Kaggle-shaped leg
+# device count of its runtime: the Colab-shaped leg at one (Colab's free v5e-1), without
+# the sentence-pair variants (below); the Kaggle-shaped leg
 # at eight (a v5e-8) for the notebooks that lay out their own batches and stock runs (below),
-# without variants, and the two-process rehearsals of a pod slice (on loopback), which run
+# 01 on its sentence-pair variant, and the two-process rehearsals of a pod slice (on loopback), which run
 # there only: the CI rehearsal of 2026-12-05 took 29.5 minutes in all with every variant at
 # eight and the rehearsals on both legs. The notebooks at eight run in a pytest of their own, without
 # the leg's compilation cache.
@@ -154,28 +154,21 @@ keras3_leg() {
   local stack="$1" more=() notebooks=("build/nbval-$stack") status=0
   shift
   export JAX_COMPILATION_CACHE_DIR="$PWD/build/jax-cache-$stack" PYTHONFAULTHANDLER=1
-  # The tests' tiny models spend more CPU compiling than computing: XLA's CPU backend with
-  # LLVM's cheap passes only. Measured alone on 2 cores (2026-12-06): notebook 02 at one
-  # device 96 s of CPU against 150 s, three engine tests 60 s against 77 s; the same checks
-  # pass (the main job and the benchmarks keep the default optimization).
-  export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+  cheap_compiles  # tools/env.sh says why
   rm -rf "$JAX_COMPILATION_CACHE_DIR" "build/nbval-$stack-8" "build/pytest-$stack-8"
   if [ "$stack" = keras3 ]; then  # the exercise checks' wrong answers, on one leg
     more=(tests/test_exercises.py tests/test_workshop_jax.py)
     notebooks=()  # Kaggle's v5e-8: five notebooks at eight devices, below
-  else  # Colab's v5e-1: every notebook and variant at one device
+  else  # Colab's v5e-1: every notebook at one device
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
-      --replicas 1
+      --replicas 1 --no-variants
     # notebook 01 at one device on this stack is the no-TPU recipe's run (tests/test_offline.py
     # executes every cell, with the same parameter file): not twice on the longest leg
     rm "build/nbval-$stack/01_text_classification_fit.ipynb"
-    # The sentence-pair variants of 02, 03, 05 and 09 run in the main job (their token types
-    # through a loop, records and rules that take them as any other feature); 01's and 07's
-    # run here. In the CI rehearsals of 2026-12-06: 03's 150 s, 02's 150 s, 05's 90 s.
-    rm "build/nbval-$stack/02_custom_training_loop.pairs.ipynb" \
-      "build/nbval-$stack/03_tfrecord_pipeline.pairs.ipynb" \
-      "build/nbval-$stack/05_xla_rules.pairs.ipynb" \
-      "build/nbval-$stack/09_input_pipelines_measured.pairs.ipynb"
+    # The sentence-pair variants run in the main job (their token types through a loop,
+    # records, rules and packed rows that take them as any other feature), and 01's at eight
+    # devices on the other leg. In the CI rehearsals of 2026-12-06 on this leg: 03's 150 s,
+    # 02's 150 s, 05's 90 s, 01's 172 s in two cells, 07's about 40 s.
     # On the other leg only, what no package or JAX version here changes: the pod-slice
     # rehearsals; the engines' equality and the masked-LM heads of every family (the same
     # KerasHub converters on both legs); the core's refusals of a run that cannot go on
@@ -208,9 +201,13 @@ keras3_leg() {
     # job: with the stock runs of 01, 03 and 04 added, the CI rehearsal of 2026-12-06 with
     # every notebook at eight took about 45 minutes, this leg among the last to end.
     local only=() n
-    for n in 00 01 03 04 07; do only+=(--only "$n"); done
+    for n in 00 03 04 07; do only+=(--only "$n"); done
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
       "${only[@]}" --replicas 8 --no-variants || status=$?
+    # 01 on its sentence-pair variant (segment ids laid out too); its singles run on the
+    # Colab-shaped leg (tests/test_offline.py)
+    python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
+      --only 01_text_classification_fit.pairs --replicas 8 || status=$?
     env -u JAX_COMPILATION_CACHE_DIR python -m pytest "build/nbval-$stack-8" --nbval-lax \
       --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider \
       --basetemp "build/pytest-$stack-8" --durations=10 "$@" || status=$?
