@@ -31,7 +31,7 @@ from tpu_helpers.core.errors import (  # noqa: E402
     CheckpointMismatchError,
     TpuHelpersError,
 )
-from tpu_helpers.core.families import KERAS3, MLM  # noqa: E402
+from tpu_helpers.core.families import FAMILIES, KERAS3, MLM  # noqa: E402
 from tpu_helpers.teaching.fixtures import ENGINE_LEARNING_RATE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,7 +214,8 @@ def test_a_trained_model_saved_in_the_hubs_layout_loads_back_with_its_logits(
     files = sorted(p.name for p in (tmp_path / "saved").iterdir())
     assert "model.safetensors" in files and "config.json" in files
     config = json.loads((tmp_path / "saved" / "config.json").read_text())
-    assert config["architectures"][0].endswith(("ForSequenceClassification", "ImageClassification"))
+    head = FAMILIES[family].keras3
+    assert config["architectures"] == [(head.alternative or head).architecture]  # DeiT's: two
 
     again = keras3.classifier(tmp_path / "saved", verbose=False)
     np.testing.assert_allclose(np.asarray(again(features, training=False)), logits, atol=1e-5)
@@ -231,6 +232,54 @@ def test_a_trained_model_saved_in_the_hubs_layout_loads_back_with_its_logits(
         )
 
 
+def test_a_distilled_deit_averages_its_two_heads_and_other_labels_get_transformers_one_head(
+    fixtures_dir,
+):
+    """A distilled DeiT (``DeiTForImageClassificationWithTeacher``) classifies with the mean
+    of a head on its class token and one on its distillation token, both read from the
+    file; asked for other labels it is refused, or with ``ignore_mismatched_sizes`` gets
+    ``DeiTForImageClassification``'s one new head on the class token, as transformers'
+    auto class gives it."""
+    features, ref = reference(fixtures_dir, "deit")
+    folder = fixtures_dir / "engines" / "deit"
+    model = keras3.classifier(folder, verbose=False)
+    names = [name for name, _ in model.hub_source.layers]
+    assert names == ["cls_classifier", "distillation_classifier"]
+    assert model.hub_source.head.architecture == "DeiTForImageClassificationWithTeacher"
+    hidden = np.asarray(_backbone_of(model)(np.moveaxis(features["pixel_values"], 1, -1)))
+    heads = [layer for _, layer in model.hub_source.layers]
+    by_token = [np.asarray(head(hidden[:, i, :])) for i, head in enumerate(heads)]
+    logits = np.asarray(model(features, training=False))
+    np.testing.assert_allclose(logits, (by_token[0] + by_token[1]) / 2, rtol=1e-5, atol=1e-6)
+    assert np.abs(by_token[0] - by_token[1]).max() > 1e-2  # two heads, not one read twice
+
+    with pytest.raises(CheckpointFormatError, match="ignore_mismatched_sizes=True"):
+        keras3.classifier(folder, num_labels=5, verbose=False)
+    new = keras3.classifier(folder, num_labels=5, ignore_mismatched_sizes=True, verbose=False)
+    assert [name for name, _ in new.hub_source.layers] == ["classifier"]
+    assert new.hub_source.head.architecture == "DeiTForImageClassification"
+    assert np.asarray(new(features, training=False)).shape == (len(logits), 5)
+
+
+def test_a_trained_swin_is_saved_with_its_query_key_and_value_apart_as_trained(
+    fixtures_dir, tmp_path
+):
+    """KerasHub's Swin converter fuses each block's query, key and value into one dense
+    layer; the save splits the trained one again (not the file's untrained three), and
+    copies the relative position index transformers keeps beside them."""
+    from safetensors.numpy import load_file
+
+    _trained_and_saved(fixtures_dir, "swin", tmp_path / "saved")
+    before = load_file(fixtures_dir / "engines" / "swin" / "model.safetensors")
+    after = load_file(tmp_path / "saved" / "model.safetensors")
+    assert sorted(after) == sorted(before)
+    for name in before:
+        if name.endswith("relative_position_index"):
+            np.testing.assert_array_equal(after[name], before[name])
+        elif ".attention.self.query." in name or ".attention.self.value." in name:
+            assert np.abs(after[name] - before[name]).max() > 1e-4, name  # trained
+
+
 def test_the_tf_engine_loads_what_the_keras3_engine_saved_with_the_same_logits(
     fixtures_dir, tmp_path
 ):
@@ -244,13 +293,14 @@ def test_the_tf_engine_loads_what_the_keras3_engine_saved_with_the_same_logits(
         "import sys, json, numpy as np\n"
         "import tpu_helpers\n"
         "from tpu_helpers.tf_engine import tf_classes\n"
-        "from transformers import TFAutoModelForSequenceClassification as Text,"
-        " TFAutoModelForImageClassification as Images\n"
+        "import transformers\n"
         "out = {}\n"
         "for family in sys.argv[2:]:\n"
         "    ref = np.load(f'{sys.argv[1]}/engines/{family}/reference.npz')\n"
         "    x = {k[8:]: ref[k] for k in ref.files if k.startswith('feature_')}\n"
-        f"    model = tf_classes.from_pretrained(Images if family == 'vit' else Text, f'{tmp_path}/{{family}}')\n"
+        f"    folder = f'{tmp_path}/{{family}}'\n"
+        "    name = json.load(open(f'{folder}/config.json'))['architectures'][0]\n"
+        "    model = tf_classes.from_pretrained(getattr(transformers, 'TF' + name), folder)\n"
         "    out[family] = np.asarray(model(x, training=False).logits).tolist()\n"
         "print(json.dumps(out))\n"
     )

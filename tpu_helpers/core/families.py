@@ -45,8 +45,11 @@ class Head:
     classifies, as a recipe over KerasHub's backbone of that family.
 
     Attributes:
-        take: ``"pooled"`` (the backbone's pooled output, its pooler included) or
-            ``"first"`` (the first token of its last hidden states).
+        take: ``"pooled"`` (the backbone's pooled output, its pooler included),
+            ``"first"`` (the first token of its last hidden states), ``"mean"`` (the mean
+            of its last hidden states over the tokens: Swin) or ``"first_two"`` (a dense
+            ``steps`` each on the first two tokens, their logits averaged: a distilled
+            DeiT's class and distillation tokens).
         steps: in order, ``("dropout", config fields)`` (the first field the config sets
             gives the rate) or ``("dense", checkpoint name, activation)``; the last dense is
             the classifier itself.
@@ -65,6 +68,12 @@ class Head:
             converter's fold): taken out again when saving in the hub's layout.
         prefix: the model prefix of the encoder's names in ``architecture``'s checkpoints
             (transformers' ``base_model_prefix``): a base model saved alone lacks it.
+        alternative: another head of the family, taken where the file holds its dense
+            layers (a distilled DeiT's two heads); a head of other labels with
+            ``ignore_mismatched_sizes`` falls back to this one.
+        derived: names of tensors transformers saves that no training changes (Swin's
+            ``relative_position_index``, computed from the window size): not read, and
+            copied as they were when saving in the hub's layout.
     """
 
     take: str
@@ -76,6 +85,8 @@ class Head:
     architecture: str = ""
     folded: bool = False
     prefix: str = ""
+    alternative: Head | None = None
+    derived: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -156,6 +167,7 @@ class Family:
 
 _TEXT = {"input_ids": "token_ids", "attention_mask": "padding_mask"}
 _PAIRS = {**_TEXT, "token_type_ids": "segment_ids"}
+_IMAGES = {"pixel_values": "images"}
 _ROBERTA_STEPS = (
     ("dropout", ("classifier_dropout", "hidden_dropout_prob")),
     ("dense", "classifier.dense", "tanh"),
@@ -213,10 +225,35 @@ _HEADS = {
     "vit": Head(
         "first",
         (("dense", "classifier", None),),
-        {"pixel_values": "images"},
+        _IMAGES,
         backbone=(("layer_norm_epsilon", "layer_norm_eps"),),
         architecture="ViTForImageClassification",
         prefix="vit",
+    ),
+    # DeiTForImageClassification reads the class token alone; the distilled checkpoints
+    # (DeiTForImageClassificationWithTeacher) average a head on it and one on the
+    # distillation token
+    "deit": Head(
+        "first",
+        (("dense", "classifier", None),),
+        _IMAGES,
+        architecture="DeiTForImageClassification",
+        prefix="deit",
+        alternative=Head(
+            "first_two",
+            (("dense", "cls_classifier", None), ("dense", "distillation_classifier", None)),
+            _IMAGES,
+            architecture="DeiTForImageClassificationWithTeacher",
+            prefix="deit",
+        ),
+    ),
+    "swin": Head(
+        "mean",
+        (("dense", "classifier", None),),
+        _IMAGES,
+        architecture="SwinForImageClassification",
+        prefix="swin",
+        derived=("relative_position_index",),
     ),
 }
 
@@ -239,6 +276,8 @@ FAMILIES = {
     "roberta": Family(True, _ROBERTA_PACKED, _HEADS["roberta"], _MLM["roberta"]),
     "xlm-roberta": Family(True, _ROBERTA_PACKED, _HEADS["xlm-roberta"], _MLM["xlm-roberta"]),
     "vit": Family(keras3=_HEADS["vit"]),
+    "deit": Family(keras3=_HEADS["deit"]),
+    "swin": Family(keras3=_HEADS["swin"]),
     "camembert": Family(True, _ROBERTA_PACKED),
     "deberta-v2": Family(
         packed=PackedKind("deberta", embed="masked", encoder="pairwise", head="deberta_pooler")
@@ -256,8 +295,9 @@ KERAS3 = tuple(name for name, f in FAMILIES.items() if f.keras3 is not None)
 #: it runs on (Colab's and Kaggle's TPU images, where the TF engine cannot run).
 KERAS3_OTHER_FAMILY_FIX = (
     "a checkpoint of one of those families (distilbert-base-cased, bert-base-cased,"
-    " roberta-base, xlm-roberta-base, albert-base-v2; google/vit-base-patch16-224 for"
-    " images), or add its family to the table in tpu_helpers/core/families.py (CONTRIBUTING.md"
+    " roberta-base, xlm-roberta-base, albert-base-v2; google/vit-base-patch16-224,"
+    " facebook/deit-base-distilled-patch16-224 or microsoft/swin-tiny-patch4-window7-224"
+    " for images), or add its family to the table in tpu_helpers/core/families.py (CONTRIBUTING.md"
     " says how). The TF engine (notebooks/tf/) trains more families where tensorflow-tpu"
     " runs: a TPU VM, not Colab's or Kaggle's TPU runtime."
 )

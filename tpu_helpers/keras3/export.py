@@ -109,6 +109,12 @@ def _hub_tensors(source: HubSource) -> dict:
         tensors[_hub_name(reader, full)] = _unconvert(value, hook, original, full)
     for full in sorted(reader.read - set(reader.find(n) for _, n, _ in reader.ported)):
         tensors[_hub_name(reader, full)] = _as_float32(reader.get_tensor(full))  # token types
+    for full in reader.derived:  # computed, not trained (Swin's relative position index)
+        tensors[_hub_name(reader, full)] = reader.get_tensor(full)
+    fused = _FUSED.get(source.config.get("model_type"))
+    if fused:  # weights the converter fused into one: split again, as trained
+        for name, value in fused(source.backbone).items():
+            tensors[_hub_name(reader, reader.find(name) or prefix + name)] = value
     for name, layer in source.layers:
         weights = [np.asarray(w, np.float32) for w in layer.get_weights()]
         if len(weights) == 1:  # the masked-LM head's bias per token: named in full
@@ -118,6 +124,29 @@ def _hub_tensors(source: HubSource) -> dict:
         tensors[f"{name}.weight"] = np.ascontiguousarray(kernel.T)  # PyTorch: [out, in]
         tensors[f"{name}.bias"] = bias
     return tensors
+
+
+def _swin_qkv(backbone) -> dict:
+    """Swin's query, key and value of every block, by their names as KerasHub's converter
+    reads them: the converter concatenates the three into one dense layer (``attn.qkv``,
+    assigned, not ported), which a step trains as one."""
+    tensors = {}
+    for i, stage in enumerate(backbone.stages):
+        for j, block in enumerate(stage.blocks):
+            kernel = np.asarray(block.attn.qkv.kernel.value, np.float32).T  # [3 x out, in]
+            bias = block.attn.qkv.bias
+            bias = np.asarray(bias.value, np.float32) if bias is not None else None
+            for k, part in enumerate(("query", "key", "value")):
+                name = f"encoder.layers.{i}.blocks.{j}.attention.self.{part}"
+                rows = slice(k * kernel.shape[0] // 3, (k + 1) * kernel.shape[0] // 3)
+                tensors[f"{name}.weight"] = np.ascontiguousarray(kernel[rows])
+                if bias is not None:
+                    tensors[f"{name}.bias"] = bias[rows]
+    return tensors
+
+
+#: Families whose converter fuses the file's tensors into one weight: how to split it.
+_FUSED = {"swin": _swin_qkv}
 
 
 def _hub_name(reader: _Reader, full: str) -> str:

@@ -83,9 +83,10 @@ class _Reader:
     for the head: a name may be given without the model prefix (``bert.``), or with the
     family's ``prefix`` where the file's names lack it (a base model saved alone, as
     sentence-transformers' are, which transformers also loads); every name read is kept,
-    and a missing one of ``optional`` is skipped and kept apart."""
+    a missing one of ``optional`` is skipped and kept apart, and the names ending in one of
+    ``derived`` are listed apart (``Head.derived``)."""
 
-    def __init__(self, folder: Path, optional: tuple = (), prefix: str = ""):
+    def __init__(self, folder: Path, optional: tuple = (), prefix: str = "", derived: tuple = ()):
         from tpu_helpers.data.hub import open_safetensors
 
         index = folder / "model.safetensors.index.json"
@@ -95,6 +96,8 @@ class _Reader:
             with open_safetensors(folder / "model.safetensors") as archive:
                 where = dict.fromkeys(archive.keys(), "model.safetensors")
         self.folder, self.where, self.optional = folder, where, optional
+        # tensors no training changes (Head.derived): not read, copied when saving
+        self.derived = sorted(n for n in where if n.rsplit(".", 1)[-1] in derived)
         # the file's names lack the family's prefix: a name asked with it is read without
         self.unprefixed = f"{prefix}." if prefix and not _under(where, prefix) else ""
         self.read, self.skipped, self._open = set(), [], {}
@@ -150,7 +153,7 @@ class _Reader:
         keras_variable.assign(tensor)
 
     def unread(self) -> list[str]:
-        return sorted(set(self.where) - self.read)
+        return sorted(set(self.where) - self.read - set(self.derived))
 
 
 @dataclass(frozen=True, eq=False)
@@ -165,6 +168,7 @@ class HubSource:
     layers: list
     mlm: MlmHead | None = None  # a masked_lm: its head's recipe
     head_calls: tuple = ()  # a classifier: its head's layers in the order they are called
+    backbone: object = None  # KerasHub's backbone inside the model
 
 
 def _under(names, prefix: str) -> bool:
@@ -253,14 +257,16 @@ def classifier(
         height, width, channels = backbone.input.shape[1:]
         inputs = {"pixel_values": keras.Input((channels, height, width), name="pixel_values")}
         x = backbone(keras.ops.transpose(inputs["pixel_values"], (0, 2, 3, 1)))
-    x = x["pooled_output"] if head.take == "pooled" else x[:, 0, :]
+    head = _chosen_head(head, reader, num_labels, ignore_mismatched_sizes)
     logits, layers, called = _head(keras, x, head, config, num_labels, seed)
     network = keras.Model(inputs, logits, name=f"{config['model_type']}_classifier")
     loaded = _load_head(layers, reader, num_labels, ignore_mismatched_sizes, checkpoint)
     if verbose:
         _say_what_was_read(checkpoint, reader, layers, loaded)
     model = _model_class(keras)(network)
-    model.hub_source = HubSource(folder, config, head, reader, layers, head_calls=tuple(called))
+    model.hub_source = HubSource(
+        folder, config, head, reader, layers, head_calls=tuple(called), backbone=backbone
+    )
     return model
 
 
@@ -298,7 +304,7 @@ def masked_lm(checkpoint: str, *, seed: int = 0, verbose: bool = True, **options
     if verbose:
         _say_what_was_read(checkpoint, reader, layers, loaded)
     model = _model_class(keras)(network)
-    model.hub_source = HubSource(folder, config, head, reader, layers, recipe)
+    model.hub_source = HubSource(folder, config, head, reader, layers, recipe, backbone=backbone)
     return model
 
 
@@ -384,7 +390,7 @@ def _backbone(keras, folder: Path, config: dict, head: Head):
         ) from error
     settings = {arg: config[field] for arg, field in head.backbone if field in config}
     backbone = keras_hub.models.Backbone.from_preset(str(folder), load_weights=False, **settings)
-    reader = _Reader(folder, head.optional, head.prefix)
+    reader = _Reader(folder, head.optional, head.prefix, head.derived)
     hub_converter(folder, config).convert_weights(backbone, reader, config)
     _compute_as_configured(keras, backbone, config)
     if head.fold_token_type and reader.find("embeddings.token_type_embeddings.weight"):
@@ -394,15 +400,48 @@ def _backbone(keras, folder: Path, config: dict, head: Head):
     return backbone, reader
 
 
+def _chosen_head(head: Head, reader, num_labels: int, ignore_mismatched: bool) -> Head:
+    """``head``, or its ``alternative`` where the file holds that head's dense layers (a
+    distilled DeiT's two), unless they are of other labels and ``ignore_mismatched``
+    starts a new head: then ``head``, as transformers' auto class makes one."""
+    other = head.alternative
+    names = [f"{step[1]}.weight" for step in other.steps if step[0] == "dense"] if other else []
+    if not names or not all(reader.find(name) for name in names):
+        return head
+    if ignore_mismatched and reader.shape(names[-1])[0] != num_labels:
+        return head
+    return other
+
+
+def _take(keras, x, take: str):
+    """What the head reads of the backbone's output ``x`` (``Head.take``)."""
+    if take == "pooled":
+        return x["pooled_output"]
+    if take == "mean":  # [B, tokens, hidden] (Swin's, after its last layer norm)
+        return keras.ops.mean(x, axis=1)
+    return x[:, 0, :] if take == "first" else x  # first_two: both tokens, in _head
+
+
 def _head(keras, x, head: Head, config: dict, num_labels: int, seed: int):
-    """The head's layers on ``x``, initialised as transformers initialises a new head
-    (truncated normal of the config's ``initializer_range``, zero biases); each dropout
-    with a seed of its own. Returns the logits, ``[(checkpoint name, Dense)]`` and every
-    layer in the order it is called."""
+    """The head's layers on the backbone's output ``x``, initialised as transformers
+    initialises a new head (truncated normal of the config's ``initializer_range``, zero
+    biases); each dropout with a seed of its own. Returns the logits,
+    ``[(checkpoint name, Dense)]`` and every layer in the order it is called."""
     dense = [s for s in head.steps if s[0] == "dense"]
     init = keras.initializers.TruncatedNormal(
         stddev=config.get("initializer_range", 0.02), seed=seed
     )
+    x = _take(keras, x, head.take)
+    if head.take == "first_two":  # a dense on each token, the logits averaged
+        layers = [
+            (
+                name,
+                keras.layers.Dense(num_labels, kernel_initializer=init, name=name, dtype="float32"),
+            )
+            for _, name, _ in dense
+        ]
+        logits = [layer(x[:, i, :]) for i, (_, layer) in enumerate(layers)]
+        return (logits[0] + logits[1]) / 2, layers, [layer for _, layer in layers]
     layers, called = [], []
     for index, step in enumerate(head.steps):
         if step[0] == "dropout":

@@ -15,6 +15,8 @@
 * ``DIR/tiny-vit``: a ViT image-classification checkpoint with its image processor (10
   labels, so loading it with ``num_labels=3`` exercises ``ignore_mismatched_sizes`` as the
   real ``google/vit-base-patch16-224`` does), PyTorch-named ``model.safetensors`` alone;
+* ``DIR/tiny-deit``, ``DIR/tiny-swin``: the same of a distilled DeiT (two heads; a processor
+  that resizes and crops the center) and of a Swin;
 * ``DIR/beans``: three classes of 500x500 JPEG leaves in class folders plus a listing with
   beans' columns ``image_file_path`` and ``labels``, loadable with ``load_dataset(DIR/beans)``;
 * ``DIR/text-corpus``: raw English prose laid out like wikitext (column ``text``), for
@@ -23,7 +25,7 @@
   of each family the Keras 3 engine trains, with the TF engine's numbers on a batch
   (DistilBERT's beside ``tf_model.h5``, as ``distilbert-base-cased`` is on the hub).
 
-The notebooks' three checkpoints are written from a table of transformers' weight names
+The notebooks' checkpoints are written from a table of transformers' weight names
 (``untrained_weights``), so they need neither TensorFlow nor PyTorch; ``write_tiny_checkpoint``
 makes one of any family that packed fine-tuning covers, with its family's kind of tokenizer,
 in any of the ``LAYOUTS``, through transformers' TF classes.
@@ -79,13 +81,15 @@ __all__ = [
     "write_mlm_references",
     "TINY_VIT",
     "write_tiny_vit",
+    "write_tiny_deit",
+    "write_tiny_swin",
     "leaf_image",
     "write_beans",
     "build_fixtures",
 ]
 
 
-FIXTURES_VERSION = 13
+FIXTURES_VERSION = 15
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
@@ -560,6 +564,8 @@ _ARCHITECTURES = {
     "distilbert": "DistilBertForMaskedLM",
     "bert": "BertForMaskedLM",
     "vit": "ViTForImageClassification",
+    "deit": "DeiTForImageClassificationWithTeacher",
+    "swin": "SwinForImageClassification",
 }
 
 
@@ -634,12 +640,86 @@ def _vit_shapes(c) -> dict:
     return shapes | _norm("vit.layernorm", h) | _linear("classifier", c.num_labels, h)
 
 
-_SHAPES = {"distilbert": _distilbert_shapes, "bert": _bert_shapes, "vit": _vit_shapes}
+def _deit_shapes(c) -> dict:
+    """A distilled DeiT's: ViT's layers under ``deit.``, a distillation token beside the
+    class token, and a head on each (``DeiTForImageClassificationWithTeacher``)."""
+    h, patch = c.hidden_size, c.patch_size
+    patches = (c.image_size // patch) ** 2
+    shapes = {
+        "deit.embeddings.cls_token": (1, 1, h),
+        "deit.embeddings.distillation_token": (1, 1, h),
+        "deit.embeddings.position_embeddings": (1, patches + 2, h),
+        "deit.embeddings.patch_embeddings.projection.weight": (h, c.num_channels, patch, patch),
+        "deit.embeddings.patch_embeddings.projection.bias": (h,),
+    }
+    norms = ("layernorm_before", "layernorm_after")
+    shapes |= _encoder_layers("deit", c, "attention.attention", norms)
+    shapes |= _norm("deit.layernorm", h)
+    return (
+        shapes
+        | _linear("cls_classifier", c.num_labels, h)
+        | _linear("distillation_classifier", c.num_labels, h)
+    )
+
+
+def _swin_shapes(c) -> dict:
+    """Swin's: a patch embedding, stages of window-attention blocks (each with its table of
+    relative position biases and the index into it), a patch merging between stages."""
+    w, dim = c.window_size, c.embed_dim
+    shapes = {
+        "swin.embeddings.patch_embeddings.projection.weight": (
+            dim,
+            c.num_channels,
+            c.patch_size,
+            c.patch_size,
+        ),
+        "swin.embeddings.patch_embeddings.projection.bias": (dim,),
+        **_norm("swin.embeddings.norm", dim),
+    }
+    for i, (depth, heads) in enumerate(zip(c.depths, c.num_heads, strict=True)):
+        inner = int(dim * c.mlp_ratio)
+        for j in range(depth):
+            p = f"swin.encoder.layers.{i}.blocks.{j}"
+            for part in ("query", "key", "value"):
+                shapes |= _linear(f"{p}.attention.self.{part}", dim, dim)
+            shapes[f"{p}.attention.self.relative_position_bias_table"] = ((2 * w - 1) ** 2, heads)
+            shapes[f"{p}.attention.self.relative_position_index"] = (w * w, w * w)
+            shapes |= _linear(f"{p}.attention.output.dense", dim, dim)
+            shapes |= _linear(f"{p}.intermediate.dense", inner, dim)
+            shapes |= _linear(f"{p}.output.dense", dim, inner)
+            shapes |= _norm(f"{p}.layernorm_before", dim) | _norm(f"{p}.layernorm_after", dim)
+        if i < len(c.depths) - 1:  # patch merging: 2x2 neighbours into twice the width
+            p = f"swin.encoder.layers.{i}.downsample"
+            shapes[f"{p}.reduction.weight"] = (2 * dim, 4 * dim)
+            shapes |= _norm(f"{p}.norm", 4 * dim)
+            dim *= 2
+    return shapes | _norm("swin.layernorm", dim) | _linear("classifier", c.num_labels, dim)
+
+
+def _relative_position_index(window: int):
+    """Swin's index of each pair of a window's positions into its table of biases: the pair's
+    offset along each axis, shifted to start at 0, as one row-major number (int64, as
+    PyTorch saves it)."""
+    import numpy as np
+
+    rows, cols = np.meshgrid(np.arange(window), np.arange(window), indexing="ij")
+    coords = np.stack([rows.ravel(), cols.ravel()])  # [2, window * window]
+    offsets = (coords[:, :, None] - coords[:, None, :]) + window - 1
+    return (offsets[0] * (2 * window - 1) + offsets[1]).astype("int64")
+
+
+_SHAPES = {
+    "distilbert": _distilbert_shapes,
+    "bert": _bert_shapes,
+    "vit": _vit_shapes,
+    "deit": _deit_shapes,
+    "swin": _swin_shapes,
+}
 
 
 def untrained_weights(config, seed: int = 0) -> dict:
     """PyTorch name -> array of an untrained ``config`` (a ``distilbert`` or ``bert``
-    masked-LM, a ``vit`` image classifier) as transformers' TF classes initialize one:
+    masked-LM, a ``vit``, distilled ``deit`` or ``swin`` image classifier) as transformers' TF classes initialize one:
     weights drawn from a normal of ``initializer_range`` cut at two deviations, biases 0,
     layer norms 1 and 0."""
     import numpy as np
@@ -652,7 +732,9 @@ def untrained_weights(config, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     tensors = {}
     for name, shape in _SHAPES[config.model_type](config).items():
-        if name.endswith(".bias"):
+        if name.endswith(".relative_position_index"):  # computed, not drawn
+            tensors[name] = _relative_position_index(config.window_size)
+        elif name.endswith(".bias"):
             tensors[name] = np.zeros(shape, "float32")
         elif "norm" in name.lower():
             tensors[name] = np.ones(shape, "float32")
@@ -747,21 +829,90 @@ TINY_VIT = {
 }
 
 
+# The other image families' tiny configs for the engines' references: DeiT as the ViT
+# above (its distillation token beside the class token), Swin in patches of 4 and windows
+# of 4 (its first stage's second block shifts them), two stages.
+TINY_DEIT = dict(TINY_VIT)
+TINY_SWIN = {
+    "image_size": 32,
+    "patch_size": 4,
+    "embed_dim": 16,
+    "depths": [2, 2],
+    "num_heads": [2, 4],
+    "window_size": 4,
+    "num_labels": 10,
+}
+
+
+def _image_reference_model(family: str):
+    """A tiny TF image classifier of ``family`` for the engines' references: a distilled
+    DeiT's (two heads, averaged) for ``deit``."""
+    import transformers
+
+    config_class, sizes, model_class = {
+        "vit": ("ViTConfig", TINY_VIT, "TFAutoModelForImageClassification"),
+        "deit": ("DeiTConfig", TINY_DEIT, "TFDeiTForImageClassificationWithTeacher"),
+        "swin": ("SwinConfig", TINY_SWIN, "TFAutoModelForImageClassification"),
+    }[family]
+    config = getattr(transformers, config_class)(**{**sizes, **ENGINE_OVERRIDES})
+    if model_class.startswith("TFAuto"):
+        return getattr(transformers, model_class).from_config(_without_dropout(config))
+    return getattr(transformers, model_class)(_without_dropout(config))
+
+
 def write_tiny_vit(out: Path, seed: int) -> None:
     """An untrained 32x32 ViT with 10 labels and its image processor's settings."""
     from transformers import ViTConfig
 
-    write_untrained_checkpoint(out, ViTConfig(**TINY_VIT), None, seed)
-    processor = {  # what ViTImageProcessor(size=32x32, mean and std 0.5) saves
+    processor = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+    _write_tiny_image_classifier(out, ViTConfig(**TINY_VIT), "ViTImageProcessor", processor, seed)
+
+
+def write_tiny_deit(out: Path, seed: int) -> None:
+    """An untrained 32x32 distilled DeiT with 10 labels, and a processor that resizes to
+    36x36 and crops the center 32x32, with ImageNet's constants (as DeiT's does at 256 and
+    224)."""
+    from transformers import DeiTConfig
+
+    processor = {
+        **_IMAGENET,
+        "resample": 3,
+        "size": {"height": 36, "width": 36},
+        "do_center_crop": True,
+        "crop_size": {"height": 32, "width": 32},
+    }
+    _write_tiny_image_classifier(
+        out, DeiTConfig(**TINY_DEIT), "DeiTImageProcessor", processor, seed
+    )
+
+
+def write_tiny_swin(out: Path, seed: int) -> None:
+    """An untrained 32x32 Swin with 10 labels and ImageNet's constants (Swin's checkpoints
+    save ViT's processor)."""
+    from transformers import SwinConfig
+
+    config = SwinConfig(**TINY_SWIN)
+    _write_tiny_image_classifier(
+        out, config, "ViTImageProcessor", {**_IMAGENET, "resample": 3}, seed
+    )
+
+
+_IMAGENET = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+
+
+def _write_tiny_image_classifier(out: Path, config, processor_type: str, settings, seed):
+    """An untrained image classifier of ``config`` and the ``preprocessor_config.json`` a
+    ``processor_type`` of ``settings`` saves (32x32 images unless they say otherwise)."""
+    write_untrained_checkpoint(out, config, None, seed)
+    processor = {
         "do_normalize": True,
         "do_rescale": True,
         "do_resize": True,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_processor_type": "ViTImageProcessor",
-        "image_std": [0.5, 0.5, 0.5],
+        "image_processor_type": processor_type,
         "resample": 2,
         "rescale_factor": 1 / 255,
         "size": {"height": 32, "width": 32},
+        **settings,
     }
     (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2, sort_keys=True))
 
@@ -828,10 +979,11 @@ ENGINE_OVERRIDES = {"num_labels": ENGINE_LABELS, "initializer_range": 0.3}
 
 
 def _without_dropout(config):
-    """``config`` with every dropout rate 0: one training step is then the same function in
-    both engines (their dropout masks are drawn from different generators)."""
+    """``config`` with every dropout rate 0, stochastic depth's (Swin's ``drop_path_rate``)
+    too: one training step is then the same function in both engines (their dropout masks
+    are drawn from different generators)."""
     for key, value in config.to_dict().items():
-        if "dropout" in key and isinstance(value, float):
+        if ("dropout" in key or "drop_path" in key) and isinstance(value, float):
             setattr(config, key, 0.0)
     return config
 
@@ -841,7 +993,7 @@ def _reference_batch(family: str, tokenizer, corpus: list[str], rng) -> dict:
     import numpy as np
 
     rows = [corpus[i] for i in rng.choice(len(corpus), 8, replace=False)]
-    if family == "vit":
+    if tokenizer is None:  # an image family
         return {"pixel_values": rng.normal(size=(8, 3, 32, 32)).astype("float32")}
     pairs = rows[4:] + rows[:4] if family in ("bert", "albert") else None
     enc = tokenizer(rows, pairs, padding="max_length", max_length=40, truncation=True)
@@ -858,20 +1010,15 @@ def write_engine_references(out: Path, corpus: list[str], seed: int) -> None:
     files and must compute the same numbers."""
     import numpy as np
     import tensorflow as tf
-    from transformers import (
-        TFAutoModelForImageClassification,
-        TFAutoModelForSequenceClassification,
-        ViTConfig,
-    )
+    from transformers import TFAutoModelForSequenceClassification
 
-    from tpu_helpers.core.families import KERAS3
+    from tpu_helpers.core.families import FAMILIES, KERAS3
 
     rng = np.random.default_rng(seed)
     for family in KERAS3:
         tf.keras.utils.set_random_seed(seed)
-        if family == "vit":
-            config = ViTConfig(**{**TINY_VIT, **ENGINE_OVERRIDES})
-            model, tokenizer = TFAutoModelForImageClassification.from_config(config), None
+        if "pixel_values" in FAMILIES[family].keras3.inputs:
+            model, tokenizer = _image_reference_model(family), None
         else:
             tokenizer = train_tokenizer(family, corpus)
             config = tiny_config(family, len(tokenizer), tokenizer.pad_token_id, **ENGINE_OVERRIDES)
@@ -967,6 +1114,8 @@ NOTEBOOK_FIXTURES = (
     "cola",
     "mrpc",
     "tiny-vit",
+    "tiny-deit",
+    "tiny-swin",
     "beans",
     "text-corpus",
 )
@@ -991,6 +1140,8 @@ def _write_staged(staging: Path, seed: int, train_rows: dict, references: bool) 
     write_mrpc(staging / "mrpc", seed, train_rows.get("mrpc"))
     write_tiny_bert(staging / "tiny-bert", corpus, seed)
     write_tiny_vit(staging / "tiny-vit", seed)
+    write_tiny_deit(staging / "tiny-deit", seed)
+    write_tiny_swin(staging / "tiny-swin", seed)
     write_text_corpus(staging / "text-corpus")
     if references:
         write_engine_references(staging / "engines", corpus, seed)
