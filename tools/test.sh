@@ -17,12 +17,13 @@
 #   keras3  the Keras 3 engine on a stack shaped like Kaggle's TPU image (Python 3.12, JAX
 #           0.10): its tests at eight devices (a v5e-8), the two-process pod-slice
 #           rehearsals, main-track notebooks 00, 01 (its sentence-pair variant), 03, 04
-#           and 07 at eight (the rest on the Colab leg, the other variants in the main job).
+#           (on Swin) and 07 at eight (the rest on the Colab leg, the other variants in the
+#           main job).
 #   colab   the Keras 3 engine on a stack shaped like Colab's TPU runtime as it ships
 #           (Python 3.13, JAX 0.7.2, Keras 3.13.2 before the install cell, transformers
 #           5.15, no TensorFlow, no PyTorch): its tests at eight devices, the main
 #           track's notebooks at one (Colab's free v5e-1; 01 as the
-#           teaching page's no-TPU recipe runs it).
+#           teaching page's no-TPU recipe runs it), and 04 on a distilled DeiT.
 #
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -168,7 +169,11 @@ keras3_leg() {
     # The sentence-pair variants run in the main job (their token types through a loop,
     # records, rules and packed rows that take them as any other feature), and 01's at eight
     # devices on the other leg. In the CI rehearsals of 2026-12-06 on this leg: 03's 150 s,
-    # 02's 150 s, 05's 90 s, 01's 172 s in two cells, 07's about 40 s.
+    # 02's 150 s, 05's 90 s, 01's 172 s in two cells, 07's about 40 s. Of the image
+    # families, 04 runs here on the distilled DeiT (a processor that crops) as well, and on
+    # Swin at eight devices on the other leg.
+    python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
+      --only 04_image_streaming.deit --replicas 1
     # On the other leg only, what no package or JAX version here changes: the pod-slice
     # rehearsals; the engines' equality and the masked-LM heads of every family (the same
     # KerasHub converters on both legs); the core's refusals of a run that cannot go on
@@ -187,6 +192,8 @@ keras3_leg() {
     # before a lost or damaged one (50 s and 30 s)
     skip+=" or saved_in_the_hubs_layout_loads_back or tf_engine_loads_what_the_keras3_engine_saved"
     skip+=" or newest_save_falls_back"
+    # and the image heads read and saved by KerasHub's converters (a distilled DeiT's two, Swin's)
+    skip+=" or distilled_deit_averages or trained_swin_is_saved"
     more=(tests/test_offline.py -k "not ($skip)")
   fi
   # Each pytest's status is kept: the leg runs under `(leg) || status=$?` (timed_leg), where
@@ -201,13 +208,15 @@ keras3_leg() {
     # job: with the stock runs of 01, 03 and 04 added, the CI rehearsal of 2026-12-06 with
     # every notebook at eight took about 45 minutes, this leg among the last to end.
     local only=() n
-    for n in 00 03 04 07; do only+=(--only "$n"); done
+    for n in 00 03 07; do only+=(--only "$n"); done
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
       "${only[@]}" --replicas 8 --no-variants || status=$?
-    # 01 on its sentence-pair variant (segment ids laid out too); its singles run on the
-    # Colab-shaped leg (tests/test_offline.py)
-    python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
-      --only 01_text_classification_fit.pairs --replicas 8 || status=$?
+    # 01 on its sentence-pair variant (segment ids laid out too), 04 on Swin: their first
+    # runs (single sentences, ViT) are the Colab-shaped leg's, at one device
+    for n in 01_text_classification_fit.pairs 04_image_streaming.swin; do
+      python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
+        --only "$n" --replicas 8 || status=$?
+    done
     env -u JAX_COMPILATION_CACHE_DIR python -m pytest "build/nbval-$stack-8" --nbval-lax \
       --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider \
       --basetemp "build/pytest-$stack-8" --durations=10 "$@" || status=$?
