@@ -626,40 +626,35 @@ def _bert_shapes(c) -> dict:
     return shapes | {"cls.predictions.bias": (c.vocab_size,)}  # the decoder: the embeddings
 
 
-def _vit_shapes(c) -> dict:
+def _vit_shapes(c, prefix: str = "vit", tokens: tuple = ("cls_token",)) -> dict:
+    """ViT's (``ViTForImageClassification``): patches and the ``tokens`` before them, the
+    encoder layers, a layer norm, the classifier."""
     h, patch = c.hidden_size, c.patch_size
     patches = (c.image_size // patch) ** 2
-    shapes = {
-        "vit.embeddings.cls_token": (1, 1, h),
-        "vit.embeddings.position_embeddings": (1, patches + 1, h),
-        "vit.embeddings.patch_embeddings.projection.weight": (h, c.num_channels, patch, patch),
-        "vit.embeddings.patch_embeddings.projection.bias": (h,),
+    shapes = {f"{prefix}.embeddings.{token}": (1, 1, h) for token in tokens}
+    shapes |= {
+        f"{prefix}.embeddings.position_embeddings": (1, patches + len(tokens), h),
+        f"{prefix}.embeddings.patch_embeddings.projection.weight": (
+            h,
+            c.num_channels,
+            patch,
+            patch,
+        ),
+        f"{prefix}.embeddings.patch_embeddings.projection.bias": (h,),
     }
     norms = ("layernorm_before", "layernorm_after")
-    shapes |= _encoder_layers("vit", c, "attention.attention", norms)
-    return shapes | _norm("vit.layernorm", h) | _linear("classifier", c.num_labels, h)
+    shapes |= _encoder_layers(prefix, c, "attention.attention", norms)
+    shapes |= _norm(f"{prefix}.layernorm", h)
+    if prefix == "deit":  # a head on each token
+        heads = ("cls_classifier", "distillation_classifier")
+        return shapes | {k: v for n in heads for k, v in _linear(n, c.num_labels, h).items()}
+    return shapes | _linear("classifier", c.num_labels, h)
 
 
 def _deit_shapes(c) -> dict:
-    """A distilled DeiT's: ViT's layers under ``deit.``, a distillation token beside the
-    class token, and a head on each (``DeiTForImageClassificationWithTeacher``)."""
-    h, patch = c.hidden_size, c.patch_size
-    patches = (c.image_size // patch) ** 2
-    shapes = {
-        "deit.embeddings.cls_token": (1, 1, h),
-        "deit.embeddings.distillation_token": (1, 1, h),
-        "deit.embeddings.position_embeddings": (1, patches + 2, h),
-        "deit.embeddings.patch_embeddings.projection.weight": (h, c.num_channels, patch, patch),
-        "deit.embeddings.patch_embeddings.projection.bias": (h,),
-    }
-    norms = ("layernorm_before", "layernorm_after")
-    shapes |= _encoder_layers("deit", c, "attention.attention", norms)
-    shapes |= _norm("deit.layernorm", h)
-    return (
-        shapes
-        | _linear("cls_classifier", c.num_labels, h)
-        | _linear("distillation_classifier", c.num_labels, h)
-    )
+    """A distilled DeiT's (``DeiTForImageClassificationWithTeacher``): ViT's layers under
+    ``deit.``, a distillation token beside the class token, and a head on each."""
+    return _vit_shapes(c, "deit", ("cls_token", "distillation_token"))
 
 
 def _swin_shapes(c) -> dict:
