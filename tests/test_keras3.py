@@ -32,6 +32,7 @@ from tpu_helpers.core.errors import (  # noqa: E402
     TpuHelpersError,
 )
 from tpu_helpers.core.families import FAMILIES, KERAS3, MLM  # noqa: E402
+from tpu_helpers.keras3.converters import CONVERTERS  # noqa: E402
 from tpu_helpers.teaching.fixtures import ENGINE_LEARNING_RATE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,6 +220,8 @@ def test_a_trained_model_saved_in_the_hubs_layout_loads_back_with_its_logits(
 
     again = keras3.classifier(tmp_path / "saved", verbose=False)
     np.testing.assert_allclose(np.asarray(again(features, training=False)), logits, atol=1e-5)
+    if family in CONVERTERS:  # KerasHub does not read this family from the hub's files
+        return
     # KerasHub's own loader reads the same encoder (RoBERTa's positions aside: KerasHub
     # drops its token-type row, which the engine folds into them)
     theirs = keras_hub.models.Backbone.from_preset(str(tmp_path / "saved"))
@@ -339,7 +342,7 @@ def test_the_private_keras_and_kerashub_parts_the_engine_needs_are_where_they_we
     assert found["keras"][1] and found["keras-hub"][1], (found, versions.WRITTEN_FOR)
     folder = fixtures_dir / "engines" / "distilbert"
     config = json.loads((folder / "config.json").read_text())
-    assert callable(internals.hub_converter(folder, config).convert_weights)
+    assert callable(internals.hub_converter(config["model_type"]).convert_weights)
     model = keras3.classifier(folder, verbose=False)
     norms = [
         layer

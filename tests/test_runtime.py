@@ -321,12 +321,12 @@ def test_a_family_the_keras3_engine_does_not_train_gets_a_fix_that_works_on_the_
     """Where the TF engine runs, such a family goes to it; on a TPU runtime that ships JAX and
     no tensorflow-tpu (Kaggle's, Colab's), the TF engine would replace the runtime's libtpu:
     the Keras 3 engine stays, and the reason is the fix that works there."""
-    choice = runtime.choose_engine(facts("kaggle", "tpu", **KAGGLE_TPU), model_type="electra")
-    assert choice.engine == "keras3" and "'electra'" in choice.reason
+    choice = runtime.choose_engine(facts("kaggle", "tpu", **KAGGLE_TPU), model_type="mpnet")
+    assert choice.engine == "keras3" and "'mpnet'" in choice.reason
     assert "Fix: a checkpoint of one of those families" in choice.reason
     assert "not Colab's or Kaggle's TPU runtime" in choice.reason
-    choice = runtime.choose_engine(facts("local", "cpu", **GOOD), model_type="electra")
-    assert choice.engine == "tf" and "'electra'" in choice.reason and "TF engine" in choice.reason
+    choice = runtime.choose_engine(facts("local", "cpu", **GOOD), model_type="mpnet")
+    assert choice.engine == "tf" and "'mpnet'" in choice.reason and "TF engine" in choice.reason
     for family in families.KERAS3:
         assert (
             runtime.choose_engine(facts("kaggle", "tpu", **KAGGLE_TPU), family).engine == "keras3"

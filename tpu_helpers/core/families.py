@@ -13,7 +13,7 @@ packs several examples into one row of it. Nothing here imports TensorFlow, Kera
 ``OFFSET_POSITIONS`` families whose position ids start after the padding id
 =================  ================================================================
 
->>> FAMILIES["roberta"].offset_positions, "roberta" in KERAS3, "electra" in KERAS3
+>>> FAMILIES["roberta"].offset_positions, "roberta" in KERAS3, "mpnet" in KERAS3
 (True, True, False)
 """
 
@@ -222,6 +222,18 @@ _HEADS = {
         prefix="roberta",
         folded=True,
     ),
+    "electra": Head(
+        "first",
+        (
+            ("dropout", ("classifier_dropout", "hidden_dropout_prob")),
+            ("dense", "classifier.dense", "gelu"),
+            ("dropout", ("classifier_dropout", "hidden_dropout_prob")),
+            ("dense", "classifier.out_proj", None),
+        ),
+        _PAIRS,
+        architecture="ElectraForSequenceClassification",
+        prefix="electra",
+    ),
     "vit": Head(
         "first",
         (("dense", "classifier", None),),
@@ -275,6 +287,7 @@ FAMILIES = {
     ),
     "roberta": Family(True, _ROBERTA_PACKED, _HEADS["roberta"], _MLM["roberta"]),
     "xlm-roberta": Family(True, _ROBERTA_PACKED, _HEADS["xlm-roberta"], _MLM["xlm-roberta"]),
+    "electra": Family(packed=PackedKind("electra"), keras3=_HEADS["electra"]),
     "vit": Family(keras3=_HEADS["vit"]),
     "deit": Family(keras3=_HEADS["deit"]),
     "swin": Family(keras3=_HEADS["swin"]),
@@ -282,7 +295,6 @@ FAMILIES = {
     "deberta-v2": Family(
         packed=PackedKind("deberta", embed="masked", encoder="pairwise", head="deberta_pooler")
     ),
-    "electra": Family(packed=PackedKind("electra")),
     "mpnet": Family(True, PackedKind("mpnet", embed="no_types", encoder="short")),
     "data2vec-text": Family(offset_positions=True),
     "esm": Family(offset_positions=True),
@@ -295,7 +307,8 @@ KERAS3 = tuple(name for name, f in FAMILIES.items() if f.keras3 is not None)
 #: it runs on (Colab's and Kaggle's TPU images, where the TF engine cannot run).
 KERAS3_OTHER_FAMILY_FIX = (
     "a checkpoint of one of those families (distilbert-base-cased, bert-base-cased,"
-    " roberta-base, xlm-roberta-base, albert-base-v2; google/vit-base-patch16-224,"
+    " roberta-base, xlm-roberta-base, albert-base-v2, google/electra-base-discriminator;"
+    " google/vit-base-patch16-224,"
     " facebook/deit-base-distilled-patch16-224 or microsoft/swin-tiny-patch4-window7-224"
     " for images), or add its family to the table in tpu_helpers/core/families.py (CONTRIBUTING.md"
     " says how). The TF engine (notebooks/tf/) trains more families where tensorflow-tpu"

@@ -25,6 +25,8 @@ Its modules, each a concern (this package names their public parts):
                   ``predict_classes``, ``evaluate``, ``compilations``,
                   ``input_bound_check``
 ``steps``         the compiled steps (one program per width), hosts
+``converters``    how the engine reads the families KerasHub builds and does not convert
+                  from the hub's files (ELECTRA)
 ``internals``     the private Keras and KerasHub names the engine needs
 ================  ======================================================================
 

@@ -27,11 +27,11 @@ __all__ = [
 ]
 
 
-def hub_converter(folder: str, config: dict):
-    """KerasHub's converter module of ``config``'s family (``convert_weights``)."""
+def hub_converter(model_type: str):
+    """KerasHub's converter module of the family ``model_type`` (``convert_weights``)."""
     from keras_hub.src.utils.transformers.preset_loader import TransformersPresetLoader
 
-    return TransformersPresetLoader(str(folder), config).converter
+    return TransformersPresetLoader("", {"model_type": model_type}).converter
 
 
 def sublayers(layer) -> list:

@@ -21,6 +21,7 @@ from tpu_helpers.core.messages import say
 from tpu_helpers.core.validate import check_learning_rate
 from tpu_helpers.core.versions import KERAS_HUB_PIN
 from tpu_helpers.data.hub import HUB_OPTIONS, find_weights, resolve_file
+from tpu_helpers.keras3.converters import CONVERTERS
 from tpu_helpers.keras3.distribution import _keras
 
 __all__ = [
@@ -376,8 +377,9 @@ def compile_masked_lm(model, learning_rate: float, *, steps_per_execution: int =
 
 
 def _backbone(keras, folder: Path, config: dict, head: Head):
-    """KerasHub's backbone of the family with the checkpoint's weights, computing what the
-    config says; and the reader that read them."""
+    """KerasHub's backbone of the family with the checkpoint's weights (read by KerasHub's
+    converter, or by ours: ``converters.CONVERTERS``), computing what the config says; and
+    the reader that read them."""
     try:
         import keras_hub
 
@@ -388,10 +390,17 @@ def _backbone(keras, folder: Path, config: dict, head: Head):
             " keras3 on Colab or Kaggle (the main track's install cell), or pip install --no-deps"
             f" {KERAS_HUB_PIN} next to Keras 3 and JAX."
         ) from error
-    settings = {arg: config[field] for arg, field in head.backbone if field in config}
-    backbone = keras_hub.models.Backbone.from_preset(str(folder), load_weights=False, **settings)
     reader = _Reader(folder, head.optional, head.prefix, head.derived)
-    hub_converter(folder, config).convert_weights(backbone, reader, config)
+    ours = CONVERTERS.get(config["model_type"])
+    if ours:  # a family KerasHub builds and does not read from the hub's files
+        backbone = ours.build(keras_hub, config)
+        ours.convert(backbone, reader, config)
+    else:
+        settings = {arg: config[field] for arg, field in head.backbone if field in config}
+        backbone = keras_hub.models.Backbone.from_preset(
+            str(folder), load_weights=False, **settings
+        )
+        hub_converter(config["model_type"]).convert_weights(backbone, reader, config)
     _compute_as_configured(keras, backbone, config)
     if head.fold_token_type and reader.find("embeddings.token_type_embeddings.weight"):
         positions = backbone.embeddings.position_embedding.position_embeddings
@@ -417,6 +426,8 @@ def _take(keras, x, take: str):
     """What the head reads of the backbone's output ``x`` (``Head.take``)."""
     if take == "pooled":
         return x["pooled_output"]
+    if isinstance(x, dict):  # a backbone with a pooler the head does not read (ELECTRA's)
+        x = x["sequence_output"]
     if take == "mean":  # [B, tokens, hidden] (Swin's, after its last layer norm)
         return keras.ops.mean(x, axis=1)
     return x[:, 0, :] if take == "first" else x  # first_two: both tokens, in _head

@@ -304,9 +304,9 @@ def choose_engine(facts: RuntimeFacts, model_type: str | None = None) -> EngineC
 
     >>> facts = RuntimeFacts("kaggle", "tpu", distributions={"jax": "0.7.2",
     ...     "libtpu": "0.0.21", "keras": "3.11.3", "tensorflow-cpu": "2.20.0"})
-    >>> choose_engine(facts).engine, choose_engine(facts, "electra").engine
+    >>> choose_engine(facts).engine, choose_engine(facts, "mpnet").engine
     ('keras3', 'keras3')
-    >>> choose_engine(RuntimeFacts("local", "cpu"), "electra").engine
+    >>> choose_engine(RuntimeFacts("local", "cpu"), "mpnet").engine
     'tf'
     """
     choice = _engine_of_runtime(facts)

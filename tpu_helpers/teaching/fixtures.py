@@ -89,7 +89,7 @@ __all__ = [
 ]
 
 
-FIXTURES_VERSION = 15
+FIXTURES_VERSION = 16
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
@@ -984,13 +984,14 @@ def _without_dropout(config):
 
 
 def _reference_batch(family: str, tokenizer, corpus: list[str], rng) -> dict:
-    """8 rows padded to one width, with padding (and a second segment for ``bert``)."""
+    """8 rows padded to one width, with padding (and a second segment for the families
+    with token types: BERT, ALBERT, ELECTRA)."""
     import numpy as np
 
     rows = [corpus[i] for i in rng.choice(len(corpus), 8, replace=False)]
     if tokenizer is None:  # an image family
         return {"pixel_values": rng.normal(size=(8, 3, 32, 32)).astype("float32")}
-    pairs = rows[4:] + rows[:4] if family in ("bert", "albert") else None
+    pairs = rows[4:] + rows[:4] if family in ("bert", "albert", "electra") else None
     enc = tokenizer(rows, pairs, padding="max_length", max_length=40, truncation=True)
     keep = ["input_ids", "attention_mask"] + (["token_type_ids"] if pairs else [])
     return {k: np.asarray(enc[k], dtype="int32") for k in keep}
