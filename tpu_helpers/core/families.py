@@ -51,8 +51,8 @@ class Head:
             ``steps`` each on the first two tokens, their logits averaged: a distilled
             DeiT's class and distillation tokens).
         steps: in order, ``("dropout", config fields)`` (the first field the config sets
-            gives the rate) or ``("dense", checkpoint name, activation)``; the last dense is
-            the classifier itself.
+            gives the rate) or ``("dense", checkpoint name, activation)`` (a Keras name, or
+            ``(config field, default)``); the last dense is the classifier itself.
         inputs: our pipelines' feature names -> the backbone's input names.
         optional: checkpoint names a base checkpoint may lack (a masked-LM save has no
             pooler): left as initialised, and said so.
@@ -74,6 +74,8 @@ class Head:
         derived: names of tensors transformers saves that no training changes (Swin's
             ``relative_position_index``, computed from the window size): not read, and
             copied as they were when saving in the hub's layout.
+        relative_positions: the encoder has no position embedding, only relative
+            positions (DeBERTa-v3): packing has none to restart.
     """
 
     take: str
@@ -87,6 +89,7 @@ class Head:
     prefix: str = ""
     alternative: Head | None = None
     derived: tuple = ()
+    relative_positions: bool = False
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,21 @@ _HEADS = {
         architecture="ElectraForSequenceClassification",
         prefix="electra",
     ),
+    # DeBERTa-v3 (model type deberta-v2): transformers' ContextPooler on the first token,
+    # then the classifier; no token types (type_vocab_size 0)
+    "deberta-v2": Head(
+        "first",
+        (
+            ("dropout", ("pooler_dropout",)),
+            ("dense", "pooler.dense", ("pooler_hidden_act", "gelu")),
+            ("dropout", ("cls_dropout", "hidden_dropout_prob")),
+            ("dense", "classifier", None),
+        ),
+        _TEXT,
+        architecture="DebertaV2ForSequenceClassification",
+        prefix="deberta",
+        relative_positions=True,
+    ),
     "vit": Head(
         "first",
         (("dense", "classifier", None),),
@@ -288,13 +306,14 @@ FAMILIES = {
     "roberta": Family(True, _ROBERTA_PACKED, _HEADS["roberta"], _MLM["roberta"]),
     "xlm-roberta": Family(True, _ROBERTA_PACKED, _HEADS["xlm-roberta"], _MLM["xlm-roberta"]),
     "electra": Family(packed=PackedKind("electra"), keras3=_HEADS["electra"]),
+    "deberta-v2": Family(
+        packed=PackedKind("deberta", embed="masked", encoder="pairwise", head="deberta_pooler"),
+        keras3=_HEADS["deberta-v2"],
+    ),
     "vit": Family(keras3=_HEADS["vit"]),
     "deit": Family(keras3=_HEADS["deit"]),
     "swin": Family(keras3=_HEADS["swin"]),
     "camembert": Family(True, _ROBERTA_PACKED),
-    "deberta-v2": Family(
-        packed=PackedKind("deberta", embed="masked", encoder="pairwise", head="deberta_pooler")
-    ),
     "mpnet": Family(True, PackedKind("mpnet", embed="no_types", encoder="short")),
     "data2vec-text": Family(offset_positions=True),
     "esm": Family(offset_positions=True),
@@ -307,7 +326,8 @@ KERAS3 = tuple(name for name, f in FAMILIES.items() if f.keras3 is not None)
 #: it runs on (Colab's and Kaggle's TPU images, where the TF engine cannot run).
 KERAS3_OTHER_FAMILY_FIX = (
     "a checkpoint of one of those families (distilbert-base-cased, bert-base-cased,"
-    " roberta-base, xlm-roberta-base, albert-base-v2, google/electra-base-discriminator;"
+    " roberta-base, xlm-roberta-base, albert-base-v2, google/electra-base-discriminator,"
+    " microsoft/deberta-v3-base;"
     " google/vit-base-patch16-224,"
     " facebook/deit-base-distilled-patch16-224 or microsoft/swin-tiny-patch4-window7-224"
     " for images), or add its family to the table in tpu_helpers/core/families.py (CONTRIBUTING.md"

@@ -9,6 +9,8 @@ Keras 3 stack, so that a release that moves or changes one fails there, naming i
                            ``convert_weights(backbone, loader, config)`` calls the loader's
                            ``port_weight`` and ``get_tensor``): ``keras_hub.src.utils.
                            transformers.preset_loader.TransformersPresetLoader``
+``encoder_layer_classes``  KerasHub's encoder layers, DeBERTa-v3's among them:
+                           ``keras_hub.src.models.deberta_v3.disentangled_attention_encoder``
 ``sublayers``              every layer inside a layer, recursively: ``Layer._flatten_layers``
 ``build_for_training``     a compiled model's metrics, loss and optimizer built for a batch,
                            as ``fit`` does first: ``Trainer._symbolic_build``
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 __all__ = [
     "hub_converter",
+    "encoder_layer_classes",
     "sublayers",
     "build_for_training",
     "compiled_with",
@@ -32,6 +35,18 @@ def hub_converter(model_type: str):
     from keras_hub.src.utils.transformers.preset_loader import TransformersPresetLoader
 
     return TransformersPresetLoader("", {"model_type": model_type}).converter
+
+
+def encoder_layer_classes() -> tuple:
+    """KerasHub's encoder layers that take a mask per query and key (``attention_mask``):
+    ``keras_hub.layers.TransformerEncoder``, and DeBERTa-v3's
+    ``DisentangledAttentionEncoder``, which KerasHub does not export."""
+    import keras_hub
+    from keras_hub.src.models.deberta_v3.disentangled_attention_encoder import (
+        DisentangledAttentionEncoder,
+    )
+
+    return (keras_hub.layers.TransformerEncoder, DisentangledAttentionEncoder)
 
 
 def sublayers(layer) -> list:

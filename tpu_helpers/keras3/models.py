@@ -460,6 +460,8 @@ def _head(keras, x, head: Head, config: dict, num_labels: int, seed: int):
             x = called[-1](x)
             continue
         _, name, activation = step
+        if isinstance(activation, tuple):  # (config field, transformers' default)
+            activation = _activation(keras, config.get(activation[0]) or activation[1])
         last = step is dense[-1]
         layer = keras.layers.Dense(
             num_labels if last else x.shape[-1],

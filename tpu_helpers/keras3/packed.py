@@ -31,7 +31,8 @@ def packed_classifier(model):
     The same layers and weights as ``model``, called otherwise: each of KerasHub's encoder
     layers with a mask per query and key (``packed_attention``: a token sees its own
     example only), each position embedding with the positions of each token inside its
-    example (``packed_positions``, restarting at 0), the pooler or the first-token head at
+    example (``packed_positions``, restarting at 0; DeBERTa-v3 has relative positions
+    only, the same in a packed row), the pooler or the first-token head at
     every example's first token. Training it trains ``model``, which evaluates, predicts
     and saves (``save_hub_layout``) unpacked as usual. Compile it with
     ``compile_classifier``: the loss is averaged over the weighted slots."""
@@ -89,6 +90,8 @@ def _packed_encoder(keras, backbone, inputs: dict, head: Head):
     given to the layers that take them, and the segment ids where the padding mask was."""
     import keras_hub
 
+    from tpu_helpers.keras3.internals import encoder_layer_classes
+
     ours = {**inputs, "attention_mask": inputs["segment_ids"]}
     segments = inputs["segment_ids"]
     allowed, positions = packed_attention(segments), packed_positions(segments)
@@ -98,7 +101,7 @@ def _packed_encoder(keras, backbone, inputs: dict, head: Head):
     def call(layer, *args, **kwargs):
         if isinstance(layer, embeddings):
             kwargs["positions"], seen["positions"] = positions, seen["positions"] + 1
-        elif isinstance(layer, keras_hub.layers.TransformerEncoder):
+        elif isinstance(layer, encoder_layer_classes()):
             kwargs.update(padding_mask=None, attention_mask=allowed)
             seen["attention"] += 1
         elif "padding_mask" in kwargs:
@@ -114,14 +117,18 @@ def _packed_encoder(keras, backbone, inputs: dict, head: Head):
             call_function=call,
         )
     calls = backbone.num_layers * getattr(backbone, "num_inner_repetitions", 1)  # ALBERT's
-    if seen["positions"] != 1 or seen["attention"] != calls:
+    # DeBERTa-v3's positions are relative only (the query-key offsets, the same in a packed
+    # example as alone): no position embedding to restart
+    positions_wanted = 0 if head.relative_positions else 1
+    if seen["positions"] != positions_wanted or seen["attention"] != calls:
         raise EngineError(_KERASHUB_CHANGED.format(f"{seen} in {type(backbone).__name__}"))
     output = clone.output
     return output["sequence_output"] if isinstance(output, dict) else output
 
 
 _KERASHUB_CHANGED = (
-    "packing expects one position embedding and one TransformerEncoder call per layer in"
+    "packing expects one position embedding (none for DeBERTa-v3) and one encoder call per"
+    " layer in"
     " KerasHub's backbone, and found otherwise ({}): this KerasHub builds its encoders"
     f" differently. Fix: {KERAS_HUB_PIN} (tpu_helpers.install(engine='keras3')), or train"
     " unpacked."
