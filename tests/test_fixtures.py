@@ -140,7 +140,9 @@ def test_checkpoints_load_like_the_hub_ones(fixtures_dir):
     assert "VIT TFViTForImageClassification 3 {'height': 32, 'width': 32} [0.5, 0.5, 0.5]" in out
 
 
-@pytest.mark.parametrize("family", ["distilbert", "bert", "vit", "deit", "swin"])
+@pytest.mark.parametrize(
+    "family", ["distilbert", "bert", "electra", "deberta-v2", "vit", "deit", "swin"]
+)
 def test_the_weight_table_is_what_transformers_saves(tmp_path, family):
     """The notebooks' checkpoints are written without a framework, from a table of names
     and shapes: transformers' TF class of the same config saves the same names and
@@ -150,9 +152,8 @@ def test_the_weight_table_is_what_transformers_saves(tmp_path, family):
         f"""
         from pathlib import Path
         import numpy as np
-        from transformers import (TFAutoModelForImageClassification,
-            TFAutoModelForMaskedLM, TFDeiTForImageClassificationWithTeacher, DeiTConfig,
-            SwinConfig, ViTConfig)
+        import transformers
+        from transformers import DeiTConfig, SwinConfig, ViTConfig
         from tpu_helpers.teaching import fixtures
         from tpu_helpers.data import hub
         from tpu_helpers.tf_engine import tf_classes
@@ -162,21 +163,22 @@ def test_the_weight_table_is_what_transformers_saves(tmp_path, family):
             return {{k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}}
 
         out = Path({str(tmp_path)!r})
-        if {family!r} == "vit":
-            config, cls = ViTConfig(**fixtures.TINY_VIT), TFAutoModelForImageClassification
-        elif {family!r} == "deit":
-            config, cls = DeiTConfig(**fixtures.TINY_DEIT), TFDeiTForImageClassificationWithTeacher
-        elif {family!r} == "swin":
-            config, cls = SwinConfig(**fixtures.TINY_SWIN), TFAutoModelForImageClassification
+        images = {{"vit": (ViTConfig, fixtures.TINY_VIT), "deit": (DeiTConfig, fixtures.TINY_DEIT),
+                  "swin": (SwinConfig, fixtures.TINY_SWIN)}}
+        if {family!r} in images:
+            config_class, sizes = images[{family!r}]
+            config = config_class(**sizes)
         else:
-            config, cls = fixtures.tiny_config({family!r}, 300, 0), TFAutoModelForMaskedLM
+            overrides = fixtures.ENGINE_FAMILY_OVERRIDES.get({family!r}, {{}})
+            config = fixtures.tiny_config({family!r}, 300, 0, **overrides)
+        cls = getattr(transformers, "TF" + fixtures._ARCHITECTURES[{family!r}])
         fixtures.write_untrained_checkpoint(out / "table", config, seed=3)
         written = tensors(out / "table")
         tf_classes.save_hub_layout(tf_classes.from_pretrained(cls, out / "table"), out / "again")
         again = tensors(out / "again")
         print("NAMES", sorted(written) == sorted(again), len(written))
         print("VALUES", all(np.array_equal(written[k], again.get(k)) for k in written))
-        fresh = cls.from_config(config) if cls.__name__.startswith("TFAuto") else cls(config)
+        fresh = cls(config)
         fresh(fresh.dummy_inputs)
         tf_classes.save_hub_layout(fresh, out / "tf")
         theirs = tensors(out / "tf")

@@ -17,6 +17,8 @@
   real ``google/vit-base-patch16-224`` does), PyTorch-named ``model.safetensors`` alone;
 * ``DIR/tiny-deit``, ``DIR/tiny-swin``: the same of a distilled DeiT (two heads; a processor
   that resizes and crops the center) and of a Swin;
+* ``DIR/tiny-electra``, ``DIR/tiny-deberta-v3``: an ELECTRA discriminator and a DeBERTa-v3
+  masked LM with their tokenizers;
 * ``DIR/beans``: three classes of 500x500 JPEG leaves in class folders plus a listing with
   beans' columns ``image_file_path`` and ``labels``, loadable with ``load_dataset(DIR/beans)``;
 * ``DIR/text-corpus``: raw English prose laid out like wikitext (column ``text``), for
@@ -83,13 +85,15 @@ __all__ = [
     "write_tiny_vit",
     "write_tiny_deit",
     "write_tiny_swin",
+    "write_tiny_electra",
+    "write_tiny_deberta_v3",
     "leaf_image",
     "write_beans",
     "build_fixtures",
 ]
 
 
-FIXTURES_VERSION = 18
+FIXTURES_VERSION = 19
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
@@ -357,6 +361,27 @@ def write_tiny_bert(out: Path, corpus: list[str], seed: int) -> None:
     write_untrained_checkpoint(out, config, tokenizer, seed, "pytorch-sharded+transformers5")
 
 
+def write_tiny_electra(out: Path, corpus: list[str], seed: int) -> None:
+    """An untrained ELECTRA discriminator (embeddings of 16 projected to 32) and its
+    WordPiece tokenizer, as the hub serves ``google/electra-*-discriminator``."""
+    tokenizer = train_tokenizer("electra", corpus)
+    config = tiny_config("electra", len(tokenizer), tokenizer.pad_token_id)
+    write_untrained_checkpoint(out, config, tokenizer, seed)
+
+
+def write_tiny_deberta_v3(out: Path, corpus: list[str], seed: int) -> None:
+    """An untrained DeBERTa-v3 masked LM (model type ``deberta-v2``: relative positions in
+    log buckets, no token types) and its tokenizer."""
+    tokenizer = train_tokenizer("deberta-v2", corpus)
+    config = tiny_config(
+        "deberta-v2",
+        len(tokenizer),
+        tokenizer.pad_token_id,
+        **ENGINE_FAMILY_OVERRIDES["deberta-v2"],
+    )
+    write_untrained_checkpoint(out, config, tokenizer, seed)
+
+
 # How a checkpoint's files are laid out (see tpu_helpers.data.hub): PyTorch-named safetensors
 # alone (most of the hub), beside tf_model.h5 (distilbert-base-cased and other older
 # checkpoints), in shards, as a TF class writes them; "+transformers5" also writes the
@@ -566,6 +591,8 @@ _ARCHITECTURES = {
     "vit": "ViTForImageClassification",
     "deit": "DeiTForImageClassificationWithTeacher",
     "swin": "SwinForImageClassification",
+    "electra": "ElectraForPreTraining",
+    "deberta-v2": "DebertaV2ForMaskedLM",
 }
 
 
@@ -577,15 +604,17 @@ def _norm(name: str, size: int) -> dict:
     return {f"{name}.weight": (size,), f"{name}.bias": (size,)}
 
 
-def _encoder_layers(prefix: str, config, attention: str, norms: tuple[str, str]) -> dict:
-    """BERT's and ViT's encoder layers: ``attention`` names the query/key/value block,
-    ``norms`` the layer norms after attention and after the feed-forward part (BERT) or
-    before them (ViT)."""
+def _encoder_layers(
+    prefix: str, config, attention: str, norms: tuple[str, str], parts=("query", "key", "value")
+) -> dict:
+    """BERT's and ViT's encoder layers (ELECTRA's and DeBERTa's too): ``attention`` names
+    the query/key/value block, ``parts`` its three projections, ``norms`` the layer norms
+    after attention and after the feed-forward part (BERT) or before them (ViT)."""
     h, inner = config.hidden_size, config.intermediate_size
     shapes = {}
     for i in range(config.num_hidden_layers):
         p = f"{prefix}.encoder.layer.{i}"
-        for part in ("query", "key", "value"):
+        for part in parts:
             shapes |= _linear(f"{p}.{attention}.{part}", h, h)
         shapes |= _linear(f"{p}.attention.output.dense", h, h)
         shapes |= _linear(f"{p}.intermediate.dense", inner, h)
@@ -621,6 +650,43 @@ def _bert_shapes(c) -> dict:
     }
     norms = ("attention.output.LayerNorm", "output.LayerNorm")
     shapes |= _encoder_layers("bert", c, "attention.self", norms)
+    shapes |= _linear("cls.predictions.transform.dense", h, h)
+    shapes |= _norm("cls.predictions.transform.LayerNorm", h)
+    return shapes | {"cls.predictions.bias": (c.vocab_size,)}  # the decoder: the embeddings
+
+
+def _electra_shapes(c) -> dict:
+    """ELECTRA's discriminator (``ElectraForPreTraining``, as the hub serves ELECTRA): BERT's
+    encoder on embeddings of their own size, projected to the hidden size where they differ,
+    and the head that tells replaced tokens."""
+    e, h = c.embedding_size, c.hidden_size
+    shapes = {
+        "electra.embeddings.word_embeddings.weight": (c.vocab_size, e),
+        "electra.embeddings.position_embeddings.weight": (c.max_position_embeddings, e),
+        "electra.embeddings.token_type_embeddings.weight": (c.type_vocab_size, e),
+        **_norm("electra.embeddings.LayerNorm", e),
+    }
+    if e != h:
+        shapes |= _linear("electra.embeddings_project", h, e)
+    norms = ("attention.output.LayerNorm", "output.LayerNorm")
+    shapes |= _encoder_layers("electra", c, "attention.self", norms)
+    shapes |= _linear("discriminator_predictions.dense", h, h)
+    return shapes | _linear("discriminator_predictions.dense_prediction", 1, h)
+
+
+def _deberta_shapes(c) -> dict:
+    """DeBERTa-v3's masked LM (``DebertaV2ForMaskedLM``): token embeddings alone, the table
+    of relative position embeddings and its layer norm, the encoder, BERT's masked-LM head."""
+    h = c.hidden_size
+    shapes = {
+        "deberta.embeddings.word_embeddings.weight": (c.vocab_size, h),
+        **_norm("deberta.embeddings.LayerNorm", h),
+        "deberta.encoder.rel_embeddings.weight": (2 * c.position_buckets, h),
+        **_norm("deberta.encoder.LayerNorm", h),
+    }
+    norms = ("attention.output.LayerNorm", "output.LayerNorm")
+    parts = ("query_proj", "key_proj", "value_proj")
+    shapes |= _encoder_layers("deberta", c, "attention.self", norms, parts)
     shapes |= _linear("cls.predictions.transform.dense", h, h)
     shapes |= _norm("cls.predictions.transform.LayerNorm", h)
     return shapes | {"cls.predictions.bias": (c.vocab_size,)}  # the decoder: the embeddings
@@ -709,6 +775,8 @@ _SHAPES = {
     "vit": _vit_shapes,
     "deit": _deit_shapes,
     "swin": _swin_shapes,
+    "electra": _electra_shapes,
+    "deberta-v2": _deberta_shapes,
 }
 
 
@@ -1122,6 +1190,8 @@ NOTEBOOK_FIXTURES = (
     "tiny-vit",
     "tiny-deit",
     "tiny-swin",
+    "tiny-electra",
+    "tiny-deberta-v3",
     "beans",
     "text-corpus",
 )
@@ -1148,6 +1218,8 @@ def _write_staged(staging: Path, seed: int, train_rows: dict, references: bool) 
     write_tiny_vit(staging / "tiny-vit", seed)
     write_tiny_deit(staging / "tiny-deit", seed)
     write_tiny_swin(staging / "tiny-swin", seed)
+    write_tiny_electra(staging / "tiny-electra", corpus, seed)
+    write_tiny_deberta_v3(staging / "tiny-deberta-v3", corpus, seed)
     write_text_corpus(staging / "text-corpus")
     if references:
         write_engine_references(staging / "engines", corpus, seed)
