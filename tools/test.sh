@@ -16,9 +16,9 @@
 #           01 at two, in bfloat16; the other notebooks and unit tests run on the CPU leg.
 #   keras3  the Keras 3 engine on a stack shaped like Kaggle's TPU image (Python 3.12, JAX
 #           0.10): its tests at eight devices (a v5e-8), the two-process pod-slice
-#           rehearsals, main-track notebooks 00, 01 (its sentence-pair variant), 03, 04
-#           (on Swin) and 07 at eight (the rest on the Colab leg, the other variants in the
-#           main job).
+#           rehearsals, main-track notebooks 00, 01 (its sentence-pair variant), 03 (on
+#           ELECTRA), 04 (on Swin) and 07 (on DeBERTa-v3) at eight (the rest on the Colab
+#           leg, the other variants in the main job).
 #   colab   the Keras 3 engine on a stack shaped like Colab's TPU runtime as it ships
 #           (Python 3.13, JAX 0.7.2, Keras 3.13.2 before the install cell, transformers
 #           5.15, no TensorFlow, no PyTorch): its tests at eight devices, the main
@@ -207,13 +207,14 @@ keras3_leg() {
     # 02, 05, 06 and 09 run at one device on the Colab-shaped leg and at two in the main
     # job: with the stock runs of 01, 03 and 04 added, the CI rehearsal of 2026-12-06 with
     # every notebook at eight took about 45 minutes, this leg among the last to end.
-    local only=() n
-    for n in 00 03 07; do only+=(--only "$n"); done
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
-      "${only[@]}" --replicas 8 --no-variants || status=$?
-    # 01 on its sentence-pair variant (segment ids laid out too), 04 on Swin: their first
-    # runs (single sentences, ViT) are the Colab-shaped leg's, at one device
-    for n in 01_text_classification_fit.pairs 04_image_streaming.swin; do
+      --only 00 --replicas 8 --no-variants || status=$?
+    # 01 on its sentence-pair variant (segment ids laid out too), 03 on ELECTRA, 04 on Swin,
+    # 07 on DeBERTa-v3 (packed): their first runs (single sentences, DistilBERT, ViT) are the
+    # Colab-shaped leg's, at one device
+    local n
+    for n in 01_text_classification_fit.pairs 03_tfrecord_pipeline.electra \
+      04_image_streaming.swin 07_packed_fine_tuning.deberta; do
       python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
         --only "$n" --replicas 8 || status=$?
     done
