@@ -366,6 +366,8 @@ def test_the_private_keras_and_kerashub_parts_the_engine_needs_are_where_they_we
     folder = fixtures_dir / "engines" / "distilbert"
     config = json.loads((folder / "config.json").read_text())
     assert callable(internals.hub_converter(config["model_type"]).convert_weights)
+    encoders = internals.encoder_layer_classes()  # DeBERTa-v3's, which KerasHub does not export
+    assert [c.__name__ for c in encoders] == ["TransformerEncoder", "DisentangledAttentionEncoder"]
     model = keras3.classifier(folder, verbose=False)
     norms = [
         layer
