@@ -287,6 +287,36 @@ def test_a_deberta_v2_checkpoint_that_is_not_deberta_v3_is_refused_naming_each_d
     assert "microsoft/deberta-v3-base" in str(refused.value)
 
 
+#: microsoft/deberta-v3-base's config.json, the fields the engine reads
+DEBERTA_V3_BASE = {
+    "model_type": "deberta-v2",
+    "hidden_size": 768,
+    "max_position_embeddings": 512,
+    "max_relative_positions": -1,
+    "norm_rel_ebd": "layer_norm",
+    "pos_att_type": "p2c|c2p",
+    "position_biased_input": False,
+    "position_buckets": 256,
+    "relative_attention": True,
+    "share_att_key": True,
+    "type_vocab_size": 0,
+}
+
+
+def test_the_hubs_deberta_v3_configs_are_read_and_deberta_v2s_refused_naming_why():
+    """The hub's DeBERTa-v3 configs pass (their attention types written "p2c|c2p", as the
+    hub's are, or as a list); DeBERTa-v2 xlarge's convolution layer and DeBERTa-v1-style
+    defaults (fields left out: no relative attention, absolute positions) are refused."""
+    from tpu_helpers.keras3.converters import _deberta_v3_config
+
+    _deberta_v3_config(DEBERTA_V3_BASE)
+    _deberta_v3_config({**DEBERTA_V3_BASE, "pos_att_type": ["p2c", "c2p"]})
+    with pytest.raises(TpuHelpersError, match="a convolution layer"):
+        _deberta_v3_config({**DEBERTA_V3_BASE, "conv_kernel_size": 3, "hidden_size": 1536})
+    with pytest.raises(TpuHelpersError, match="relative attention off.*absolute position"):
+        _deberta_v3_config({"model_type": "deberta-v2", "hidden_size": 32})
+
+
 def test_a_trained_swin_is_saved_with_its_query_key_and_value_apart_as_trained(
     fixtures_dir, tmp_path
 ):

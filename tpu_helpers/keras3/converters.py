@@ -98,7 +98,10 @@ def _deberta_v3_config(config: dict) -> None:
         for field, (want, meaning) in _DEBERTA_V3.items()
         if config.get(field, defaults.get(field, want)) != want
     ]
-    if sorted(config.get("pos_att_type") or []) != ["c2p", "p2c"]:
+    kinds = config.get("pos_att_type") or []
+    if isinstance(kinds, str):  # "p2c|c2p", as older configs write it
+        kinds = [kind.strip() for kind in kinds.lower().split("|")]
+    if sorted(kinds) != ["c2p", "p2c"]:
         differ.append(f"attention types {config.get('pos_att_type')} (DeBERTa-v3: p2c and c2p)")
     if config.get("position_buckets", -1) <= 0:
         differ.append("relative positions without log buckets (position_buckets)")
