@@ -247,8 +247,8 @@ def test_a_distilled_deit_averages_its_two_heads_and_other_labels_get_transforme
     """A distilled DeiT (``DeiTForImageClassificationWithTeacher``) classifies with the mean
     of a head on its class token and one on its distillation token, both read from the
     file; asked for other labels it is refused, or with ``ignore_mismatched_sizes`` gets
-    ``DeiTForImageClassification``'s one new head on the class token, as transformers'
-    auto class gives it."""
+    ``DeiTForImageClassification``'s one new head on the class token (transformers'
+    ``WithTeacher`` class has no training loss: a fine-tune trains one head)."""
     features, ref = reference(fixtures_dir, "deit")
     folder = fixtures_dir / "engines" / "deit"
     model = keras3.classifier(folder, verbose=False)
@@ -270,12 +270,13 @@ def test_a_distilled_deit_averages_its_two_heads_and_other_labels_get_transforme
     assert np.asarray(new(features, training=False)).shape == (len(logits), 5)
 
 
-def test_a_deberta_v2_checkpoint_that_is_not_deberta_v3_is_refused_naming_each_difference(
+def test_a_checkpoint_kerashub_would_compute_otherwise_is_refused_naming_each_difference(
     fixtures_dir, tmp_path
 ):
     """KerasHub's ``DebertaV3Backbone`` computes DeBERTa-v3 only: a ``deberta-v2`` config with
     absolute positions or position embeddings without their layer norm (DeBERTa-v2's own
-    checkpoints) is refused before any weight is read, naming both and the fix."""
+    checkpoints) is refused before any weight is read, naming both and the fix; so is a
+    Swin with absolute position embeddings."""
     folder = tmp_path / "deberta-v2"
     shutil.copytree(fixtures_dir / "engines" / "deberta-v2", folder)
     config = json.loads((folder / "config.json").read_text())
@@ -285,6 +286,13 @@ def test_a_deberta_v2_checkpoint_that_is_not_deberta_v3_is_refused_naming_each_d
         keras3.classifier(folder, verbose=False)
     assert "without their layer norm" in str(refused.value)
     assert "microsoft/deberta-v3-base" in str(refused.value)
+    # a Swin with absolute position embeddings: KerasHub's Swin has none
+    folder = tmp_path / "swin"
+    shutil.copytree(fixtures_dir / "engines" / "swin", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "use_absolute_embeddings": True}))
+    with pytest.raises(TpuHelpersError, match="swin checkpoint has absolute position embeddings"):
+        keras3.classifier(folder, verbose=False)
 
 
 #: microsoft/deberta-v3-base's config.json, the fields the engine reads

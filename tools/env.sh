@@ -163,8 +163,9 @@ if [ "$STACK" = keras3 ] || [ "$STACK" = colab ]; then
   export PJRT_NPROC=16  # two threads per device, as keras3.simulation_env sets (it says why)
 fi
 # cheap_compiles: XLA's CPU backend with LLVM's cheap passes only, for the runs of tiny
-# models that spend more CPU compiling than computing (the Keras 3 legs of the tests, the
-# main job); the benchmarks keep the default optimization. Measured alone on 2 cores
+# models that spend more CPU compiling than computing (the Keras 3 legs of the tests); the
+# main job, whose notebooks 05 and 09 time compiled steps, and the benchmarks keep the
+# default optimization. Measured alone on 2 cores
 # (2026-12-06): notebook 02 at one device 96 s of CPU against 150 s, three engine tests
 # 60 s against 77 s; the same checks pass.
 cheap_compiles() {

@@ -30,6 +30,6 @@ if [ "$seeds" = 1 ]; then
     python tools/run_notebooks.py --engine tf "${args[@]}") || status=$?
   report=(--report-all)
 fi
-(STACK=keras3 && source tools/env.sh && cheap_compiles &&
+(STACK=keras3 && source tools/env.sh &&
   python tools/run_notebooks.py --engine keras3 "${report[@]}" "${args[@]}") || status=$?
 exit "$status"

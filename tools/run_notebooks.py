@@ -240,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         drop_stale_runs(out, {name for _, name, _ in runs})
     if args.only:  # a prefix of a run's name: "01" is notebook 01 and its variants
         runs = [run for run in runs if any(run[1].startswith(o) for o in args.only)]
-    if args.no_variants:
-        runs = [run for run in runs if run[1] == run[0].stem]
+    if args.no_variants:  # a variant named in full by --only still runs
+        runs = [run for run in runs if run[1] == run[0].stem or run[1] in (args.only or [])]
     if not runs:
         print(f"no {engine}-engine notebook matches {args.only or 'the notebooks'}")
     jobs = 1 if args.prepare_only else max(1, min(args.jobs, len(runs)))

@@ -18,7 +18,7 @@
 #           0.10): its tests at eight devices (a v5e-8), the two-process pod-slice
 #           rehearsals, main-track notebooks 00, 01 (its sentence-pair variant), 03 (on
 #           ELECTRA), 04 (on Swin) and 07 (on DeBERTa-v3) at eight (the rest on the Colab
-#           leg, the other variants in the main job).
+#           leg; the other variants with tools/run.sh --variants).
 #   colab   the Keras 3 engine on a stack shaped like Colab's TPU runtime as it ships
 #           (Python 3.13, JAX 0.7.2, Keras 3.13.2 before the install cell, transformers
 #           5.15, no TensorFlow, no PyTorch): its tests at eight devices, the main
@@ -166,14 +166,14 @@ keras3_leg() {
     # notebook 01 at one device on this stack is the no-TPU recipe's run (tests/test_offline.py
     # executes every cell, with the same parameter file): not twice on the longest leg
     rm "build/nbval-$stack/01_text_classification_fit.ipynb"
-    # The sentence-pair variants run in the main job (their token types through a loop,
-    # records, rules and packed rows that take them as any other feature), and 01's at eight
-    # devices on the other leg. In the CI rehearsals of 2026-12-06 on this leg: 03's 150 s,
+    # The sentence-pair variants run with tools/run.sh --variants (their token types through
+    # a loop, records, rules and packed rows that take them as any other feature), and 01's
+    # at eight devices on the other leg. In the CI rehearsals of 2026-12-06 on this leg: 03's 150 s,
     # 02's 150 s, 05's 90 s, 01's 172 s in two cells, 07's about 40 s. Of the image
     # families, 04 runs here on the distilled DeiT (a processor that crops) as well, and on
     # Swin at eight devices on the other leg.
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
-      --only 04_image_streaming.deit --replicas 1
+      --only 04_image_streaming.deit --replicas 1 || status=$?
     # On the other leg only, what no package or JAX version here changes: the pod-slice
     # rehearsals; the engines' equality and the masked-LM heads of every family (the same
     # KerasHub converters on both legs); the core's refusals of a run that cannot go on

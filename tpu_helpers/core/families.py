@@ -7,8 +7,8 @@ packs several examples into one row of it. Nothing here imports TensorFlow, Kera
 ``KERAS3``         the families the Keras 3 engine trains (``Family.keras3``)
 ``MLM``            those whose masked-LM head it builds too (``Family.mlm``)
 ``KERAS3_PACKED``  those it fine-tunes packed too: its text families (KerasHub's encoder
-                   layers take a mask per query and key, its position embeddings the
-                   positions to read)
+                   layers take a mask per query and key, its position embeddings, where
+                   the family has them, the positions to read)
 ``PACKED``         the families packed fine-tuning covers on the TF engine
 ``OFFSET_POSITIONS`` families whose position ids start after the padding id
 =================  ================================================================
@@ -76,6 +76,8 @@ class Head:
             copied as they were when saving in the hub's layout.
         relative_positions: the encoder has no position embedding, only relative
             positions (DeBERTa-v3): packing has none to restart.
+        refused: ``(config field, value, what it means)`` of the checkpoints KerasHub's
+            backbone would compute otherwise (Swin with absolute position embeddings).
     """
 
     take: str
@@ -90,6 +92,7 @@ class Head:
     alternative: Head | None = None
     derived: tuple = ()
     relative_positions: bool = False
+    refused: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -284,6 +287,7 @@ _HEADS = {
         architecture="SwinForImageClassification",
         prefix="swin",
         derived=("relative_position_index",),
+        refused=(("use_absolute_embeddings", True, "absolute position embeddings"),),
     ),
 }
 

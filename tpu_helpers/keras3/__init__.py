@@ -26,7 +26,7 @@ Its modules, each a concern (this package names their public parts):
                   ``input_bound_check``
 ``steps``         the compiled steps (one program per width), hosts
 ``converters``    how the engine reads the families KerasHub builds and does not convert
-                  from the hub's files (ELECTRA)
+                  from the hub's files (ELECTRA, DeBERTa-v3)
 ``internals``     the private Keras and KerasHub names the engine needs
 ================  ======================================================================
 

@@ -36,7 +36,7 @@ def _electra_backbone(keras_hub, config: dict):
         num_layers=config["num_hidden_layers"],
         num_heads=config["num_attention_heads"],
         hidden_dim=hidden,
-        embedding_dim=config.get("embedding_size") or hidden,
+        embedding_dim=config.get("embedding_size", 128),  # transformers' default
         intermediate_dim=config["intermediate_size"],
         dropout=config.get("hidden_dropout_prob", 0.1),
         max_sequence_length=config["max_position_embeddings"],
@@ -67,7 +67,7 @@ def _convert_electra(backbone, loader, config: dict) -> None:
     from tpu_helpers.keras3.internals import hub_converter
 
     hub_converter("bert").convert_weights(backbone, _WithoutPooler(loader), config)
-    if (config.get("embedding_size") or config["hidden_size"]) != config["hidden_size"]:
+    if config.get("embedding_size", 128) != config["hidden_size"]:
         projection = backbone.get_layer("embeddings_projection")
         loader.port_weight(projection.kernel, "embeddings_project.weight", hook_fn=lambda x, _: x.T)
         loader.port_weight(projection.bias, "embeddings_project.bias")

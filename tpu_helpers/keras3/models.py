@@ -390,6 +390,12 @@ def _backbone(keras, folder: Path, config: dict, head: Head):
             " keras3 on Colab or Kaggle (the main track's install cell), or pip install --no-deps"
             f" {KERAS_HUB_PIN} next to Keras 3 and JAX."
         ) from error
+    refused = [meaning for field, value, meaning in head.refused if config.get(field) == value]
+    if refused:
+        raise EngineError(
+            f"this {config['model_type']} checkpoint has {', '.join(refused)}, which KerasHub's"
+            f" backbone of the family does not compute. Fix: {KERAS3_OTHER_FAMILY_FIX}"
+        )
     reader = _Reader(folder, head.optional, head.prefix, head.derived)
     ours = CONVERTERS.get(config["model_type"])
     if ours:  # a family KerasHub builds and does not read from the hub's files
@@ -412,7 +418,8 @@ def _backbone(keras, folder: Path, config: dict, head: Head):
 def _chosen_head(head: Head, reader, num_labels: int, ignore_mismatched: bool) -> Head:
     """``head``, or its ``alternative`` where the file holds that head's dense layers (a
     distilled DeiT's two), unless they are of other labels and ``ignore_mismatched``
-    starts a new head: then ``head``, as transformers' auto class makes one."""
+    starts a new head: then ``head`` (``DeiTForImageClassification``'s one; transformers'
+    ``WithTeacher`` class has no training loss, so a fine-tune trains one head)."""
     other = head.alternative
     names = [f"{step[1]}.weight" for step in other.steps if step[0] == "dense"] if other else []
     if not names or not all(reader.find(name) for name in names):
