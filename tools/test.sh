@@ -159,6 +159,12 @@ keras3_leg() {
   rm -rf "$JAX_COMPILATION_CACHE_DIR" "build/nbval-$stack-8" "build/pytest-$stack-8"
   if [ "$stack" = keras3 ]; then  # the exercise checks' wrong answers, on one leg
     more=(tests/test_exercises.py tests/test_workshop_jax.py)
+    # Of the two pod-slice rehearsals, the one on TFRecord shards (each host reading its
+    # own) runs beside the other legs; the in-memory one (93 s of this leg in the CI
+    # rehearsal of 2026-12-06, the whole run then 34 minutes) when this leg runs alone.
+    if [ "${#stacks[@]}" -gt 1 ]; then
+      more+=(-k "not two_processes_on_loopback")
+    fi
     notebooks=()  # Kaggle's v5e-8: five notebooks at eight devices, below
   else  # Colab's v5e-1: every notebook at one device
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
