@@ -174,12 +174,17 @@ class Family:
 _TEXT = {"input_ids": "token_ids", "attention_mask": "padding_mask"}
 _PAIRS = {**_TEXT, "token_type_ids": "segment_ids"}
 _IMAGES = {"pixel_values": "images"}
-_ROBERTA_STEPS = (
-    ("dropout", ("classifier_dropout", "hidden_dropout_prob")),
-    ("dense", "classifier.dense", "tanh"),
-    ("dropout", ("classifier_dropout", "hidden_dropout_prob")),
-    ("dense", "classifier.out_proj", None),
-)
+
+
+def _dense_then_out_proj(activation: str) -> tuple:
+    """RoBERTa's and ELECTRA's classification head, which differ by its activation: dropout,
+    ``classifier.dense``, dropout, ``classifier.out_proj`` on the first token."""
+    dropout = ("dropout", ("classifier_dropout", "hidden_dropout_prob"))
+    dense = ("dense", "classifier.dense", activation)
+    return (dropout, dense, dropout, ("dense", "classifier.out_proj", None))
+
+
+_ROBERTA_STEPS = _dense_then_out_proj("tanh")
 _HEADS = {
     "bert": Head(
         "pooled",
@@ -230,12 +235,7 @@ _HEADS = {
     ),
     "electra": Head(
         "first",
-        (
-            ("dropout", ("classifier_dropout", "hidden_dropout_prob")),
-            ("dense", "classifier.dense", "gelu"),
-            ("dropout", ("classifier_dropout", "hidden_dropout_prob")),
-            ("dense", "classifier.out_proj", None),
-        ),
+        _dense_then_out_proj("gelu"),  # transformers' exact GELU
         _PAIRS,
         architecture="ElectraForSequenceClassification",
         prefix="electra",
