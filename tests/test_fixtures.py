@@ -153,7 +153,6 @@ def test_the_weight_table_is_what_transformers_saves(tmp_path, family):
         from pathlib import Path
         import numpy as np
         import transformers
-        from transformers import DeiTConfig, SwinConfig, ViTConfig
         from tpu_helpers.teaching import fixtures
         from tpu_helpers.data import hub
         from tpu_helpers.tf_engine import tf_classes
@@ -163,11 +162,8 @@ def test_the_weight_table_is_what_transformers_saves(tmp_path, family):
             return {{k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}}
 
         out = Path({str(tmp_path)!r})
-        images = {{"vit": (ViTConfig, fixtures.TINY_VIT), "deit": (DeiTConfig, fixtures.TINY_DEIT),
-                  "swin": (SwinConfig, fixtures.TINY_SWIN)}}
-        if {family!r} in images:
-            config_class, sizes = images[{family!r}]
-            config = config_class(**sizes)
+        if {family!r} in ("vit", "deit", "swin"):
+            config = fixtures.tiny_image_config({family!r})
         else:
             overrides = fixtures.ENGINE_FAMILY_OVERRIDES.get({family!r}, {{}})
             config = fixtures.tiny_config({family!r}, 300, 0, **overrides)

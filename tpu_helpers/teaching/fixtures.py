@@ -82,6 +82,7 @@ __all__ = [
     "write_text_corpus",
     "write_mlm_references",
     "TINY_VIT",
+    "tiny_image_config",
     "write_tiny_vit",
     "write_tiny_deit",
     "write_tiny_swin",
@@ -907,36 +908,36 @@ TINY_SWIN = {
 }
 
 
+def tiny_image_config(family: str, **overrides):
+    """The tiny config of the image ``family`` (``vit``, ``deit``, ``swin``), ``overrides``
+    set on it."""
+    from transformers import AutoConfig
+
+    sizes = {"vit": TINY_VIT, "deit": TINY_DEIT, "swin": TINY_SWIN}[family]
+    return AutoConfig.for_model(family, **{**sizes, **overrides})
+
+
 def _image_reference_model(family: str):
-    """A tiny TF image classifier of ``family`` for the engines' references: a distilled
-    DeiT's (two heads, averaged) for ``deit``."""
+    """A tiny TF image classifier of ``family`` for the engines' references, of the class
+    the notebooks' checkpoint of it names (a distilled DeiT's: two heads, averaged)."""
     import transformers
 
-    config_class, sizes, model_class = {
-        "vit": ("ViTConfig", TINY_VIT, "TFAutoModelForImageClassification"),
-        "deit": ("DeiTConfig", TINY_DEIT, "TFDeiTForImageClassificationWithTeacher"),
-        "swin": ("SwinConfig", TINY_SWIN, "TFAutoModelForImageClassification"),
-    }[family]
-    config = getattr(transformers, config_class)(**{**sizes, **ENGINE_OVERRIDES})
-    if model_class.startswith("TFAuto"):
-        return getattr(transformers, model_class).from_config(_without_dropout(config))
-    return getattr(transformers, model_class)(_without_dropout(config))
+    config = _without_dropout(tiny_image_config(family, **ENGINE_OVERRIDES))
+    return getattr(transformers, "TF" + _ARCHITECTURES[family])(config)
 
 
 def write_tiny_vit(out: Path, seed: int) -> None:
     """An untrained 32x32 ViT with 10 labels and its image processor's settings."""
-    from transformers import ViTConfig
-
     processor = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
-    _write_tiny_image_classifier(out, ViTConfig(**TINY_VIT), "ViTImageProcessor", processor, seed)
+    _write_tiny_image_classifier(
+        out, tiny_image_config("vit"), "ViTImageProcessor", processor, seed
+    )
 
 
 def write_tiny_deit(out: Path, seed: int) -> None:
     """An untrained 32x32 distilled DeiT with 10 labels, and a processor that resizes to
     36x36 and crops the center 32x32, with ImageNet's constants (as DeiT's does at 256 and
     224)."""
-    from transformers import DeiTConfig
-
     processor = {
         **_IMAGENET,
         "resample": 3,
@@ -945,16 +946,14 @@ def write_tiny_deit(out: Path, seed: int) -> None:
         "crop_size": {"height": 32, "width": 32},
     }
     _write_tiny_image_classifier(
-        out, DeiTConfig(**TINY_DEIT), "DeiTImageProcessor", processor, seed
+        out, tiny_image_config("deit"), "DeiTImageProcessor", processor, seed
     )
 
 
 def write_tiny_swin(out: Path, seed: int) -> None:
     """An untrained 32x32 Swin with 10 labels and ImageNet's constants (Swin's checkpoints
     save ViT's processor)."""
-    from transformers import SwinConfig
-
-    config = SwinConfig(**TINY_SWIN)
+    config = tiny_image_config("swin")
     _write_tiny_image_classifier(
         out, config, "ViTImageProcessor", {**_IMAGENET, "resample": 3}, seed
     )
