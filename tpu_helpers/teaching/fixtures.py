@@ -23,6 +23,8 @@
   beans' columns ``image_file_path`` and ``labels``, loadable with ``load_dataset(DIR/beans)``;
 * ``DIR/text-corpus``: raw English prose laid out like wikitext (column ``text``), for
   masked-language-model pretraining, loadable with ``load_dataset(DIR/text-corpus)``;
+* ``DIR/tiny-qwen3``, ``DIR/tiny-llama3``, ``DIR/instructions``: decoders with chat
+  tokenizers and a Dolly-like instruction set (``decoder_fixtures``);
 * ``DIR/engines`` (where transformers' TF classes are): a tiny fine-tuned-shaped checkpoint
   of each family the Keras 3 engine trains, with the TF engine's numbers on a batch
   (DistilBERT's beside ``tf_model.h5``, as ``distilbert-base-cased`` is on the hub).
@@ -48,6 +50,7 @@ from pathlib import Path
 
 from tpu_helpers.core.errors import InputError
 from tpu_helpers.core.messages import say
+from tpu_helpers.teaching import decoder_fixtures
 
 __all__ = [
     "FIXTURES_VERSION",
@@ -94,7 +97,7 @@ __all__ = [
 ]
 
 
-FIXTURES_VERSION = 19
+FIXTURES_VERSION = 21
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
@@ -1193,6 +1196,9 @@ NOTEBOOK_FIXTURES = (
     "tiny-deberta-v3",
     "beans",
     "text-corpus",
+    "tiny-qwen3",
+    "tiny-llama3",
+    "instructions",
 )
 
 
@@ -1220,6 +1226,10 @@ def _write_staged(staging: Path, seed: int, train_rows: dict, references: bool) 
     write_tiny_electra(staging / "tiny-electra", corpus, seed)
     write_tiny_deberta_v3(staging / "tiny-deberta-v3", corpus, seed)
     write_text_corpus(staging / "text-corpus")
+    chats = decoder_fixtures.decoder_corpus(seed)
+    for name, model_type in (("tiny-qwen3", "qwen3"), ("tiny-llama3", "llama")):
+        decoder_fixtures.write_tiny_decoder(staging / name, model_type, chats, seed)
+    decoder_fixtures.write_instructions(staging / "instructions", seed)
     if references:
         write_engine_references(staging / "engines", corpus, seed)
         write_mlm_references(staging / "engines", corpus, seed)

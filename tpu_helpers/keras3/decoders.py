@@ -1,0 +1,278 @@
+"""Decoder LLMs (KerasHub's ``CausalLM`` from the hub's files): what notebook 10 plugs in
+beside its page, where the stock way has no answer.
+
+==========================  ==============================================================
+``memory_plan``             whether a decoder's weights, its LoRA state and a batch fit a
+                            chip's memory, from sizes alone, before anything is loaded
+``match_config``            every RMSNorm computing with the checkpoint's epsilon (KerasHub
+                            0.32 leaves some at its own defaults)
+``check_model_axis``        a model axis that divides the query and key-value heads
+``replicated_weights``      large weights a layout map left whole on every device
+``save_merged``             a LoRA-tuned ``CausalLM`` back in the hub's layout, LoRA merged
+==========================  ==============================================================
+
+>>> plan = memory_plan(params=600_000_000, dtype="bfloat16", lora_params=2_000_000,
+...                    tokens_per_chip=4096, hidden=1024, layers=28, vocab=151_936)
+>>> plan.fits
+True
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tpu_helpers.core.errors import EngineError, ExistingFileError, InputError
+
+__all__ = [
+    "V5E_CHIP_BYTES",
+    "MemoryPlan",
+    "memory_plan",
+    "match_config",
+    "check_model_axis",
+    "replicated_weights",
+    "save_merged",
+]
+
+#: High-bandwidth memory of one TPU v5e chip (Colab's v5e-1, Kaggle's v5e-8).
+V5E_CHIP_BYTES = 16 * 1024**3
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes one chip holds while training: the model's weights (its share of them over the
+    model axis), the LoRA weights with Adam's two moments and their gradients (float32), the
+    activations kept for the backward pass and the float32 logits with their gradient."""
+
+    weights: int
+    lora: int
+    activations: int
+    logits: int
+    chip_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.lora + self.activations + self.logits
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= 0.9 * self.chip_bytes  # XLA's own buffers take the rest
+
+    def __str__(self) -> str:
+        gib = 1024**3
+        parts = ", ".join(
+            f"{name} {getattr(self, name) / gib:.2f}"
+            for name in ("weights", "lora", "activations", "logits")
+        )
+        verdict = "fits" if self.fits else "does not fit"
+        return f"per chip: {parts} = {self.total / gib:.2f} GiB of {self.chip_bytes / gib:.0f}: {verdict}"
+
+    def check(self) -> None:
+        """Raise ``InputError`` naming the largest part and what shrinks it, when it does not fit."""
+        if self.fits:
+            return
+        fixes = {
+            "weights": "a smaller checkpoint, dtype='bfloat16', or more chips on the model axis",
+            "lora": "a lower lora_rank, or LoRA on the attention only",
+            "activations": "a smaller batch_size or sequence_length",
+            "logits": "a smaller batch_size or sequence_length (the vocabulary is the model's)",
+        }
+        largest = max(fixes, key=lambda name: getattr(self, name))
+        raise InputError(
+            f"The run does not fit: {self}. The largest part is {largest}. Fix: {fixes[largest]}."
+        )
+
+
+def memory_plan(
+    *,
+    params: int,
+    dtype: str,
+    lora_params: int,
+    tokens_per_chip: int,
+    hidden: int,
+    layers: int,
+    vocab: int,
+    model_axis: int = 1,
+    chip_bytes: int = V5E_CHIP_BYTES,
+) -> MemoryPlan:
+    """The ``MemoryPlan`` of training ``params`` weights held in ``dtype``, sharded over a
+    model axis of ``model_axis`` chips, with ``lora_params`` LoRA weights, on
+    ``tokens_per_chip`` tokens a step (batch x sequence length over the data axis). The
+    activations are counted as 34 x tokens x hidden bytes a layer in 16 bits (a transformer
+    layer without recomputation, Korthikanti et al. 2022), twice that in float32."""
+    if dtype not in _BYTES:
+        raise InputError(
+            f"dtype={dtype!r} is not one of {sorted(_BYTES)}. Fix: 'bfloat16' on a TPU."
+        )
+    width = _BYTES[dtype]
+    return MemoryPlan(
+        weights=params * width // max(model_axis, 1),
+        lora=lora_params * 4 * 4,  # weights, gradients and two Adam moments, float32
+        activations=34 * tokens_per_chip * hidden * layers * width // 2 // max(model_axis, 1),
+        logits=2 * tokens_per_chip * vocab * 4 // max(model_axis, 1),
+        chip_bytes=chip_bytes,
+    )
+
+
+def match_config(backbone, config: dict) -> list[str]:
+    """Set the epsilon of every RMSNorm in ``backbone`` (a KerasHub decoder backbone) to
+    ``config["rms_norm_eps"]`` (the checkpoint's ``config.json``), before its first call.
+    KerasHub 0.32's Llama 3 converter does not read the epsilon (its backbone keeps 1e-6,
+    Llama 3's is 1e-5), and its Qwen 3 layers give the per-head query and key norms their
+    own 1e-5 (Qwen 3's is 1e-6). Returns what it changed, as ``"path: old -> new"``."""
+    from tpu_helpers.keras3.internals import sublayers
+
+    epsilon = float(config["rms_norm_eps"])
+    changed = []
+    for layer in sublayers(backbone):
+        old = getattr(layer, "epsilon", None)
+        if old is not None and type(layer).__name__.endswith(("LayerNorm", "RMSNormalization")):
+            if old != epsilon:
+                changed.append(f"{layer.path}: {old:g} -> {epsilon:g}")
+                layer.epsilon = epsilon
+    return changed
+
+
+def check_model_axis(model_axis: int, config: dict) -> None:
+    """Refuse a model axis that does not divide the query heads and the key-value heads of
+    ``config`` (a ``config.json``): the layout shards attention by heads."""
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads", heads)
+    if model_axis < 1 or heads % model_axis or kv_heads % model_axis:
+        fits = [n for n in range(1, kv_heads + 1) if heads % n == 0 and kv_heads % n == 0]
+        raise InputError(
+            f"model_axis={model_axis} does not divide the model's {heads} query heads and"
+            f" {kv_heads} key-value heads, which the layout shards over it. Fix: one of {fits}"
+            " (the data axis takes the other devices)."
+        )
+
+
+def replicated_weights(model, min_elements: int = 1 << 16) -> list[str]:
+    """The paths of ``model``'s weights of at least ``min_elements`` elements that every
+    device holds whole (no axis sharded): what a layout map missed. Empty on one device."""
+    missed = []
+    for variable in model.weights:
+        if int(np.prod(variable.shape)) < min_elements:
+            continue
+        sharding = getattr(variable.value, "sharding", None)
+        if sharding is None or len(sharding.device_set) < 2:
+            continue
+        if sharding.is_fully_replicated:
+            missed.append(variable.path)
+    return missed
+
+
+def save_merged(causal_lm, source, folder, max_shard_bytes: int = 2 * 1024**3) -> list[str]:
+    """Write ``causal_lm`` (a KerasHub ``CausalLM`` read from the hub's files in ``source``,
+    LoRA enabled or not) into ``folder`` as the hub serves the family: each LoRA layer's
+    kernel merged (``W + alpha / rank * A @ B``, as Keras computes it), every weight back
+    under its hub name and layout (the inverse of what KerasHub's converter did reading
+    it), float32 safetensors in shards of at most ``max_shard_bytes`` with their index,
+    ``config.json`` and the tokenizer and generation files copied from ``source``. Returns
+    the files written. ``from_preset(folder)`` and transformers read it back.
+
+    A ``folder`` that holds another model is refused; the files are written beside it
+    first and moved in at the end, so a stopped save leaves the folder as it was.
+    """
+    from tpu_helpers.data.hub import write_hub_weights
+    from tpu_helpers.keras3.internals import hub_converter
+
+    source, folder = Path(source), Path(folder)
+    config = json.loads((source / "config.json").read_text())
+    _refuse_other_model(folder, config, source)
+    recorder = _Recorder(source)
+    hub_converter(config["model_type"]).convert_weights(causal_lm.backbone, recorder, config)
+    tensors = {}
+    for variable, name, hook in recorder.ported:
+        # a LoRA layer's ``kernel`` (what the converter ports to) is its merged kernel, a
+        # tensor; any other is the variable itself
+        full = recorder.find(name) or name
+        value = np.asarray(getattr(variable, "value", variable), np.float32)
+        tensors[full] = _to_hub_layout(value, hook, tuple(recorder.shape(full)), full)
+    staging = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    names = write_hub_weights(tensors, staging, max_shard_bytes)
+    config = {**config, **{k: "float32" for k in ("torch_dtype", "dtype") if config.get(k)}}
+    (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    names.append("config.json")
+    for path in sorted(source.iterdir()):
+        if path.is_file() and (
+            path.name.startswith(("tokenizer", "generation_config", "special_tokens"))
+            or path.name in ("vocab.json", "merges.txt")
+        ):
+            shutil.copy(path, staging / path.name)
+            names.append(path.name)
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    return names
+
+
+def _refuse_other_model(folder: Path, config: dict, source: Path) -> None:
+    if folder.resolve() == source.resolve():
+        raise InputError(
+            f"{folder} is the folder the model was read from. Fix: another folder, e.g."
+            " f'{output_dir}/merged'."
+        )
+    saved = folder / "config.json"
+    if not folder.exists() or not any(folder.iterdir()):
+        return
+    same = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
+    if saved.exists():
+        other = json.loads(saved.read_text())
+        if all(other.get(k) == config.get(k) for k in same):
+            return  # an earlier save of this model: replaced
+        what = f"a {other.get('model_type')} model of {other.get('num_hidden_layers')} layers"
+    else:
+        what = (
+            f"files of something else ({', '.join(sorted(p.name for p in folder.iterdir())[:3])})"
+        )
+    raise ExistingFileError(
+        f"{folder} holds {what}, not an earlier save of this {config['model_type']} model;"
+        " nothing was written. Fix: another folder, or remove that one first."
+    )
+
+
+class _Recorder:
+    """A loader for KerasHub's converter that notes each ``port_weight`` call (variable, hub
+    name, hook) and assigns nothing; names resolve as the hub's files name them."""
+
+    def __init__(self, folder: Path):
+        from tpu_helpers.keras3.models import _Reader
+
+        self._reader = _Reader(folder)
+        self.ported: list[tuple] = []
+
+    def find(self, name: str) -> str | None:
+        return self._reader.find(name)
+
+    def shape(self, name: str) -> list[int]:
+        return self._reader.shape(name)
+
+    def get_tensor(self, name: str):  # converters read a few tensors directly
+        return self._reader.get_tensor(name)
+
+    def port_weight(self, keras_variable, hf_weight_key, hook_fn=None):
+        self.ported.append((keras_variable, hf_weight_key, hook_fn))
+
+
+def _to_hub_layout(value: np.ndarray, hook, shape: tuple, name: str) -> np.ndarray:
+    """``value`` (Keras' layout) in the hub's ``shape``: the converters of decoders read each
+    tensor as it is, reshaped, or transposed and reshaped; the candidate that ``hook``
+    (the converter's function) maps back to ``value`` exactly is the one."""
+    candidates = [value.reshape(shape)] if value.size == int(np.prod(shape)) else []
+    if len(shape) == 2 and value.size == shape[0] * shape[1]:
+        candidates.append(value.reshape(shape[::-1]).T)
+    for candidate in candidates:
+        again = candidate if hook is None else np.asarray(hook(candidate, list(value.shape)))
+        if again.shape == value.shape and np.array_equal(again, value):
+            return np.ascontiguousarray(candidate)
+    raise EngineError(
+        f"{name}: KerasHub's converter changed this weight in a way other than a reshape or a"
+        " transpose, so it cannot be written back in the hub's layout. Fix: save the model in"
+        " the Keras format (causal_lm.save_to_preset(folder))."
+    )
