@@ -266,6 +266,8 @@ def test_a_model_axis_must_divide_both_kinds_of_heads():
         decoders.check_model_axis(3, config)
     with pytest.raises(InputError, match="model_axis=16"):
         decoders.check_model_axis(16, config)
+    with pytest.raises(InputError, match=r"model_axis=4 does not divide the 2 devices.*\[1, 2\]"):
+        decoders.check_model_axis(4, config, devices=2)
 
 
 def test_replicated_weights_names_what_a_layout_left_whole(fixtures_dir):
@@ -288,3 +290,33 @@ def test_replicated_weights_names_what_a_layout_left_whole(fixtures_dir):
     assert "token_embedding/embeddings" not in missed
     assert not any("query" in path for path in missed)
     assert any("feedforward_gate_dense/kernel" in path for path in missed)
+    assert "token_embedding/embeddings" in decoders.replicated_weights(
+        load(fixtures_dir / "tiny-qwen3"), min_elements=1000
+    )
+
+
+@pytest.mark.parametrize(
+    "targets", [decoders.LORA_ATTENTION, decoders.LORA_ATTENTION + decoders.LORA_MLP]
+)
+def test_the_lora_count_from_the_config_is_what_enable_lora_adds(fixtures_dir, targets):
+    folder = fixtures_dir / "tiny-qwen3"
+    lm = load(folder)
+    lm.backbone.enable_lora(3, target_layer_names=list(targets))
+    added = sum(int(np.prod(v.shape)) for v in lm.backbone.trainable_weights)
+    config = json.loads((folder / "config.json").read_text())
+    assert decoders.lora_parameter_count(config, 3, targets) == added
+    with pytest.raises(InputError, match="lora_rank=0"):
+        decoders.lora_parameter_count(config, 0)
+
+
+def test_a_checkpoint_the_notebook_cannot_take_is_refused_with_the_fix(fixtures_dir, tmp_path):
+    with pytest.raises(InputError, match="'distilbert' model.*Qwen/Qwen3-0.6B"):
+        decoders.hub_folder(str(fixtures_dir / "tiny-distilbert"))
+    assert decoders.hub_folder(str(fixtures_dir / "tiny-qwen3")) == fixtures_dir / "tiny-qwen3"
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(fixtures_dir / "tiny-qwen3")
+    decoders.require_chat_template(tokenizer, "tiny-qwen3")
+    tokenizer.chat_template = None
+    with pytest.raises(InputError, match="no chat template.*instruction-tuned"):
+        decoders.require_chat_template(tokenizer, "tiny-qwen3")

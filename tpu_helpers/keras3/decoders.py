@@ -2,6 +2,10 @@
 beside its page, where the stock way has no answer.
 
 ==========================  ==============================================================
+``hub_folder``              a decoder checkpoint's local folder (fetched once from the hub),
+                            a family the notebook's export and tests cover, or the fix
+``require_chat_template``   a tokenizer that has a chat template, or the fix
+``lora_parameter_count``    the weights ``enable_lora`` adds, from the config alone
 ``memory_plan``             whether a decoder's weights, its LoRA state and a batch fit a
                             chip's memory, from sizes alone, before anything is loaded
 ``match_config``            every RMSNorm computing with the checkpoint's epsilon (KerasHub
@@ -29,6 +33,12 @@ import numpy as np
 from tpu_helpers.core.errors import EngineError, ExistingFileError, InputError
 
 __all__ = [
+    "DECODER_FAMILIES",
+    "hub_folder",
+    "require_chat_template",
+    "LORA_ATTENTION",
+    "LORA_MLP",
+    "lora_parameter_count",
     "V5E_CHIP_BYTES",
     "MemoryPlan",
     "memory_plan",
@@ -37,6 +47,14 @@ __all__ = [
     "replicated_weights",
     "save_merged",
 ]
+
+#: The families of ``model_type`` whose KerasHub converter, merged export and NumPy reference
+#: (``tests/test_decoders.py``) are held equal here: Qwen 3 and Llama 3.
+DECODER_FAMILIES = ("qwen3", "llama")
+#: KerasHub's names of the layers LoRA goes on: the attention's query and value (its
+#: default), and the gated MLP's three projections.
+LORA_ATTENTION = ("query", "value")
+LORA_MLP = ("feedforward_gate_dense", "feedforward_intermediate_dense", "feedforward_output_dense")
 
 #: High-bandwidth memory of one TPU v5e chip (Colab's v5e-1, Kaggle's v5e-8).
 V5E_CHIP_BYTES = 16 * 1024**3
@@ -138,9 +156,100 @@ def match_config(backbone, config: dict) -> list[str]:
     return changed
 
 
-def check_model_axis(model_axis: int, config: dict) -> None:
+def hub_folder(checkpoint: str) -> Path:
+    """The local folder of ``checkpoint``: a folder in the hub's layout, or a hub name
+    (``Qwen/Qwen3-0.6B``, or ``hf://Qwen/Qwen3-0.6B`` as KerasHub spells it) fetched once
+    into the hub's cache (its config, tokenizer and safetensors). A gated model without a
+    token, an unknown name and a family outside ``DECODER_FAMILIES`` are refused with the fix."""
+    local = Path(checkpoint)
+    if not local.is_dir():
+        local = _download(checkpoint.removeprefix("hf://"))
+    config_file = local / "config.json"
+    if not config_file.exists():
+        raise InputError(
+            f"{checkpoint!r} has no config.json. Fix: a folder in the hub's layout, or a hub name."
+        )
+    family = json.loads(config_file.read_text()).get("model_type")
+    if family not in DECODER_FAMILIES:
+        raise InputError(
+            f"{checkpoint!r} is a {family!r} model; this notebook's layout map, export and tests"
+            f" cover {', '.join(DECODER_FAMILIES)}. Fix: a Qwen 3 checkpoint (Qwen/Qwen3-0.6B,"
+            " ungated) or a Llama 3 one (meta-llama/Llama-3.2-1B-Instruct, gated)."
+        )
+    return local
+
+
+def _download(name: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        files = ["*.json", "*.safetensors", "tokenizer*", "*.jinja"]
+        return Path(snapshot_download(name, allow_patterns=files))
+    except GatedRepoError as error:
+        raise InputError(
+            f"{name} is gated: its page asks you to accept its terms, and the download a token"
+            " of an account that did. Fix: accept them on https://huggingface.co/" + name + ","
+            " then on Colab add the token as the secret HF_TOKEN (the key icon on the left) and"
+            " run `from google.colab import userdata; from huggingface_hub import login;"
+            " login(userdata.get('HF_TOKEN'))`; on Kaggle add it under Add-ons -> Secrets and run"
+            " `from kaggle_secrets import UserSecretsClient; login(UserSecretsClient()"
+            ".get_secret('HF_TOKEN'))`. Or take an ungated model: Qwen/Qwen3-0.6B."
+        ) from error
+    except RepositoryNotFoundError as error:
+        raise InputError(
+            f"No model {name!r} on the hub (or it is private). Fix: the name as its page spells"
+            " it, e.g. Qwen/Qwen3-0.6B."
+        ) from error
+
+
+def require_chat_template(tokenizer, checkpoint: str) -> None:
+    """Refuse a tokenizer without a chat template (a base model's): the examples are
+    written in the chat format the model will be served with."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError(
+            f"{checkpoint}: its tokenizer has no chat template (tokenizer_config.json or"
+            " chat_template.jinja), as base models often lack one. Fix: the instruction-tuned"
+            " checkpoint of the same model (Qwen/Qwen3-0.6B, meta-llama/Llama-3.2-1B-Instruct),"
+            " or set tokenizer.chat_template to the template the model will be served with."
+        )
+
+
+def lora_parameter_count(config: dict, rank: int, targets=LORA_ATTENTION) -> int:
+    """The weights ``backbone.enable_lora(rank, target_layer_names=targets)`` adds to a
+    decoder of ``config``: per targeted kernel of shape ``(*inner, out)``, Keras' factors
+    ``A (*inner, rank)`` and ``B (rank, out)``."""
+    if not isinstance(rank, int) or rank < 1:
+        raise InputError(f"lora_rank={rank!r} must be a positive whole number. Fix: 8 or 16.")
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    kv = config.get("num_key_value_heads", heads)
+    d = config.get("head_dim") or hidden // heads
+    inner = config["intermediate_size"]
+    kernels = {
+        "query": (hidden, heads, d),
+        "key": (hidden, kv, d),
+        "value": (hidden, kv, d),
+        "attention_output": (heads, d, hidden),
+        "feedforward_gate_dense": (hidden, inner),
+        "feedforward_intermediate_dense": (hidden, inner),
+        "feedforward_output_dense": (inner, hidden),
+    }
+    unknown = sorted(set(targets) - set(kernels))
+    if unknown:
+        raise InputError(f"No LoRA target {unknown}. Fix: names among {sorted(kernels)}.")
+    per_layer = sum(int(np.prod(kernels[t][:-1])) * rank + rank * kernels[t][-1] for t in targets)
+    return per_layer * config["num_hidden_layers"]
+
+
+def check_model_axis(model_axis: int, config: dict, devices: int | None = None) -> None:
     """Refuse a model axis that does not divide the query heads and the key-value heads of
-    ``config`` (a ``config.json``): the layout shards attention by heads."""
+    ``config`` (a ``config.json``), which the layout shards over it, or the ``devices``."""
+    if devices is not None and (model_axis < 1 or devices % model_axis):
+        axes = [n for n in range(1, devices + 1) if devices % n == 0]
+        raise InputError(
+            f"model_axis={model_axis} does not divide the {devices} devices into a (data,"
+            f" model) mesh. Fix: one of {axes}."
+        )
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
     if model_axis < 1 or heads % model_axis or kv_heads % model_axis:
@@ -152,17 +261,17 @@ def check_model_axis(model_axis: int, config: dict) -> None:
         )
 
 
-def replicated_weights(model, min_elements: int = 1 << 16) -> list[str]:
-    """The paths of ``model``'s weights of at least ``min_elements`` elements that every
-    device holds whole (no axis sharded): what a layout map missed. Empty on one device."""
+def replicated_weights(model, axis: str = "model", min_elements: int = 1 << 16) -> list[str]:
+    """The paths of ``model``'s weights of at least ``min_elements`` elements that no
+    layout splits over the mesh's ``axis`` (each device of it would hold them whole): what
+    a layout map missed. Every large weight when no ``ModelParallel`` layout was set."""
     missed = []
     for variable in model.weights:
         if int(np.prod(variable.shape)) < min_elements:
             continue
-        sharding = getattr(variable.value, "sharding", None)
-        if sharding is None or len(sharding.device_set) < 2:
-            continue
-        if sharding.is_fully_replicated:
+        spec = getattr(getattr(variable.value, "sharding", None), "spec", None) or ()
+        named = {name for part in spec for name in (part if isinstance(part, tuple) else (part,))}
+        if axis not in named:
             missed.append(variable.path)
     return missed
 
@@ -182,6 +291,18 @@ def save_merged(causal_lm, source, folder, max_shard_bytes: int = 2 * 1024**3) -
     from tpu_helpers.data.hub import write_hub_weights
     from tpu_helpers.keras3.internals import hub_converter
 
+    if "://" in str(folder):  # a bucket: written here, then copied
+        import tempfile
+
+        from tpu_helpers.core import storage
+
+        with tempfile.TemporaryDirectory() as local:
+            names = save_merged(causal_lm, source, Path(local) / "model", max_shard_bytes)
+            gfile, target = storage.gfile(), str(folder).rstrip("/")
+            gfile.makedirs(target)
+            for name in names:
+                gfile.copy(f"{local}/model/{name}", f"{target}/{name}", overwrite=True)
+        return names
     source, folder = Path(source), Path(folder)
     config = json.loads((source / "config.json").read_text())
     _refuse_other_model(folder, config, source)

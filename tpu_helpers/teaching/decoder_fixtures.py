@@ -157,8 +157,9 @@ def decoder_weight_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 
 
 def _untrained(config: dict, seed: int) -> dict:
-    """Weights drawn as the hub's initializers do (normal of ``initializer_range``); the
-    norms' scales drawn around 1 so that a reference that skipped one would differ."""
+    """Weights drawn as the hub's initializers do (normal of ``initializer_range``), but
+    the embeddings wider; the norms' scales drawn around 1 so that a reference that skipped
+    one would differ."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -166,6 +167,10 @@ def _untrained(config: dict, seed: int) -> dict:
     for name, shape in decoder_weight_shapes(config).items():
         if name.endswith("norm.weight"):
             tensors[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype("float32")
+        elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            # as a trained model's are: large enough for confident logits after the final
+            # norm (at 0.02 a LoRA-tuned tiny model could not leave the uniform guess)
+            tensors[name] = (0.5 * rng.standard_normal(shape)).astype("float32")
         else:
             tensors[name] = (config["initializer_range"] * rng.standard_normal(shape)).astype(
                 "float32"

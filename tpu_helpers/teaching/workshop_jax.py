@@ -29,6 +29,9 @@ __all__ = [
     "check_packed_loss",
     "busy_step",
     "check_timing",
+    "IGNORED",
+    "check_causal_packed_mask",
+    "check_next_token_labels",
 ]
 
 
@@ -475,3 +478,78 @@ def check_timing(seconds_per_call: Callable, exercise: str = "09.2", calls: int 
             " before starting the clock (the first call compiles).",
         )
     _ok(exercise, f"{got * 1e3:.1f} ms per call (the device's own: {want * 1e3:.1f} ms)")
+
+
+#: The label of a token the loss leaves out (``SparseCategoricalCrossentropy(ignore_class=)``).
+IGNORED = -100
+
+
+def check_causal_packed_mask(allowed: Callable, exercise: str = "10.1") -> None:
+    """``allowed(segment_ids)`` gives ``[rows, T, T]`` booleans: query ``i`` may see key
+    ``j`` when both are tokens of the same example and ``j <= i`` (no later token, no
+    other example, no padding)."""
+    from tpu_helpers.teaching.workshop import _answer_array, packed_segments
+
+    segments = packed_segments()
+    rows, width = segments.shape
+    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] > 0)
+    want = same & np.tril(np.ones((width, width), bool))[None]
+    got = _answer_array(allowed, segments, exercise)
+    if got.shape != want.shape:
+        _fail(
+            exercise,
+            f"the mask has shape {list(got.shape)}; it needs [rows, T, T] = {[rows, width, width]}.",
+        )
+    wrong = np.argwhere(got.astype(bool) != want)
+    if len(wrong):
+        r, i, j = (int(v) for v in wrong[0])
+        qi, kj = int(segments[r, i]), int(segments[r, j])
+        if want[r, i, j]:
+            why = "a token must see itself and the earlier tokens of its own example"
+        elif kj == 0:
+            why = "a padding key (segment 0) must be hidden"
+        elif j > i:
+            why = "a decoder never sees a later token (key j > query i): and-combine with j <= i"
+        else:
+            why = "tokens of different examples must not see each other"
+        _fail(
+            exercise,
+            f"row {r}, query {i} (segment {qi}) and key {j} (segment {kj}): the mask says"
+            f" {bool(got[r, i, j])}, but {why}. {len(wrong)} of {got.size} entries differ.",
+        )
+    _ok(exercise, "each token sees itself and the earlier tokens of its own example only")
+
+
+def check_next_token_labels(next_token_labels: Callable, exercise: str = "10.2") -> None:
+    """``next_token_labels(token_ids, segment_ids, response)`` gives ``[rows, T]`` labels:
+    at ``i`` the token ``i + 1`` where that token is a response token of the same example,
+    ``IGNORED`` elsewhere (prompts, the last token of an example, padding, the row's end)."""
+    segments = np.array([[1, 1, 1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1, 1, 1]], np.int32)
+    tokens = np.arange(16, dtype=np.int32).reshape(2, 8) + 10
+    response = np.array([[0, 0, 1, 1, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1, 1, 1]], bool)
+    want = np.full(tokens.shape, IGNORED, np.int32)
+    follows = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0) & response[:, 1:]
+    want[:, :-1] = np.where(follows, tokens[:, 1:], IGNORED)
+    got = np.asarray(_learners(next_token_labels, exercise, tokens, segments, response))
+    if got.shape != want.shape:
+        _fail(exercise, f"labels of shape {list(got.shape)}; one per token: {list(want.shape)}.")
+    wrong = np.argwhere(got != want)
+    if len(wrong):
+        r, i = (int(v) for v in wrong[0])
+        if want[r, i] == IGNORED and i + 1 < tokens.shape[1] and got[r, i] == tokens[r, i + 1]:
+            why = (
+                "the next token there is not a response token of the same example"
+                f" (segment {segments[r, i]} -> {segments[r, i + 1]}, response {bool(response[r, i + 1])}):"
+                f" label it {IGNORED}"
+            )
+        elif want[r, i] == IGNORED:
+            why = f"nothing is predicted there: label it {IGNORED}"
+        else:
+            why = f"the label at a token is the token after it ({want[r, i]}), a response token of its example"
+        _fail(
+            exercise,
+            f"row {r}, token {i}: label {got[r, i]}, but {why}. {len(wrong)} labels differ.",
+        )
+    _ok(
+        exercise, "each response token is the label of the token before it; nothing else is trained"
+    )
