@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import multiprocessing
 import os
 import shutil
@@ -91,7 +92,9 @@ def at_replicas(parameters: dict, replicas: int, name: str = "the parameters") -
     """A run's parameters on ``replicas`` simulated replicas (``simulated_replicas``, and
     ``replicas``, the TPU a notebook plans for), with the same global batches (each
     ``*per_replica_batch`` parameter scaled): the parameter
-    file chose the sizes (how many steps an epoch takes), the replica count is the shape."""
+    file chose the sizes (how many steps an epoch takes), the replica count is the shape.
+    A ``model_axis`` (notebook 10's chips per model copy) becomes its largest divisor that
+    divides the replicas too."""
     check_replicas(replicas)
     out = dict(parameters)
     batches = [k for k in out if k.endswith("per_replica_batch")]  # image_per_replica_batch
@@ -108,6 +111,8 @@ def at_replicas(parameters: dict, replicas: int, name: str = "the parameters") -
     for key in ("simulated_replicas", "replicas"):
         if key in out:
             out[key] = replicas
+    if "model_axis" in out:  # the chips one model copy spans: as many as the file's that fit
+        out["model_axis"] = math.gcd(int(out["model_axis"]), replicas)
     return out
 
 

@@ -241,14 +241,28 @@ def lora_parameter_count(config: dict, rank: int, targets=LORA_ATTENTION) -> int
     return per_layer * config["num_hidden_layers"]
 
 
-def check_model_axis(model_axis: int, config: dict, devices: int | None = None) -> None:
+def check_model_axis(
+    model_axis: int, config: dict, devices: int | None = None, rows_per_batch: int | None = None
+) -> None:
     """Refuse a model axis that does not divide the query heads and the key-value heads of
-    ``config`` (a ``config.json``), which the layout shards over it, or the ``devices``."""
+    ``config`` (a ``config.json``), which the layout shards over it, or the ``devices``; and
+    a batch of ``rows_per_batch`` rows that the data axis (the other devices) cannot split."""
     if devices is not None and (model_axis < 1 or devices % model_axis):
         axes = [n for n in range(1, devices + 1) if devices % n == 0]
         raise InputError(
             f"model_axis={model_axis} does not divide the {devices} devices into a (data,"
             f" model) mesh. Fix: one of {axes}."
+        )
+    if (
+        devices is not None
+        and rows_per_batch is not None
+        and rows_per_batch % (devices // model_axis)
+    ):
+        data = devices // model_axis
+        raise InputError(
+            f"rows_per_batch={rows_per_batch} does not split over the data axis of {data} device"
+            f" groups ({devices} devices / model_axis {model_axis}). Fix: a multiple of {data},"
+            " or a larger model_axis."
         )
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)

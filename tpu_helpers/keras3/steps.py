@@ -114,19 +114,15 @@ class Steps:
         self.model, self.optimizer = model, getattr(model, "optimizer", None)
         self.compiled_with = compiled_with(model)
         self.per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
-        self.mesh = _mesh()
-        self.devices = int(self.mesh.devices.size)
+        self.mesh, batch_axis = _mesh()
+        self.devices = int(self.mesh.shape[batch_axis])  # what a batch's rows split over
         self.replicated = NamedSharding(self.mesh, P())
-        self.split = NamedSharding(self.mesh, P("batch"))
-        self.stacked = NamedSharding(self.mesh, P(None, "batch"))
+        self.split = NamedSharding(self.mesh, P(batch_axis))
+        self.stacked = NamedSharding(self.mesh, P(None, batch_axis))
         self.compiles: Counter = Counter()
         # a TPU or GPU reuses the state's memory for the new state; the CPU cannot
         self.donate = self.mesh.devices.flat[0].platform != "cpu"
-        donate = (0,) if self.donate else ()
-        self._jitted = {
-            "train": jax.jit(
-                self._train_call, donate_argnums=donate, out_shardings=self.replicated
-            ),
+        self._jitted = {  # the train step's is made per state layout (_lower)
             "evaluate": jax.jit(self._test_call, out_shardings=self.replicated),
             "predict": jax.jit(self._predict_call),
         }
@@ -202,7 +198,14 @@ class Steps:
         specs = jax.tree.map(
             lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=_sharding(a)), args
         )
-        return self._jitted[kind].trace(*specs).lower()
+        jitted = self._jitted.get(kind)
+        if kind == "train":  # the new state leaves with the layout the state came in with
+            jitted = jax.jit(
+                self._train_call,
+                donate_argnums=(0,) if self.donate else (),
+                out_shardings=jax.tree.map(_sharding, args[0]),
+            )
+        return jitted.trace(*specs).lower()
 
     def precompile(self, kind: str, state, batch, widths) -> None:
         """Compile ``kind``'s step (``train``, ``evaluate``) for batches like ``batch``
@@ -251,7 +254,7 @@ class Steps:
 
         metrics = [np.zeros(v.shape, v.dtype) for v in self.model.metrics_variables]
         values = (*variable_values(self.model, self.optimizer), metrics)
-        return put(values, self.replicated, may_alias=False)
+        return put(values, self.layouts(values), may_alias=False)
 
     def weights(self) -> tuple:
         """The model's trainable and non-trainable variables on the devices, for
@@ -261,7 +264,21 @@ class Steps:
             [v.value for v in self.model.trainable_variables],
             [v.value for v in self.model.non_trainable_variables],
         )
-        return put(values, self.replicated)
+        return put(values, self.layouts(values))
+
+    def layouts(self, values):
+        """The sharding of each array of ``values`` on the steps' mesh: the one a
+        ``ModelParallel`` layout map gave it, or whole on every device."""
+        import jax
+        from jax.sharding import NamedSharding
+
+        def one(array):
+            sharding = getattr(array, "sharding", None)
+            if isinstance(sharding, NamedSharding) and sharding.mesh == self.mesh:
+                return sharding
+            return self.replicated
+
+        return jax.tree.map(one, values)
 
     def saved_values(self, state) -> list[np.ndarray]:
         """The state's weights, non-trainable variables and optimizer, on the host, in the
@@ -407,7 +424,7 @@ def _avals(args) -> tuple:
 
 
 def put(tree, sharding, may_alias=None):
-    """``jax.device_put(tree, sharding)``. With several JAX processes each host array of
+    """``jax.device_put(tree, sharding)`` (one sharding, or a tree of them like ``tree``). With several JAX processes each host array of
     ``tree`` is the global value (the same in every process), cut here into this process's
     shards: ``jax.device_put`` would first compare it across the processes, a collective
     that the thread feeding the steps must not run beside the steps' own."""
@@ -416,13 +433,15 @@ def put(tree, sharding, may_alias=None):
     if jax.process_count() == 1:
         return jax.device_put(tree, sharding, may_alias=may_alias)
 
-    def one(leaf):
+    def one(leaf, sharding):
         if isinstance(leaf, jax.Array):
             return jax.device_put(leaf, sharding, may_alias=may_alias)
         value = np.asarray(leaf)
         return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
-    return jax.tree.map(one, tree)
+    if isinstance(sharding, jax.sharding.Sharding):  # one for every array
+        return jax.tree.map(lambda leaf: one(leaf, sharding), tree)
+    return jax.tree.map(one, tree, sharding)
 
 
 def put_rows(tree, sharding):
@@ -490,8 +509,9 @@ def _at_width(batch, width: int):
 
 
 def _mesh():
-    """A one-axis ``batch`` mesh of the devices Keras' distribution splits batches over
-    (``keras3.connect``), or of JAX's first device when none is set."""
+    """``(mesh, batch axis)``: the mesh of Keras' distribution (``keras3.connect``'s one
+    axis, ``batch``; a ``ModelParallel``'s axes, batches split over its ``batch_dim_name``),
+    or a one-axis ``batch`` mesh of JAX's first device when none is set."""
     import jax
     import keras
 
@@ -504,10 +524,11 @@ def _mesh():
             " keras3.connect() on every host, after jax.distributed.initialize()."
         )
     if distribution is None:
-        found = np.asarray(jax.devices()[:1])
-    else:
-        found = np.asarray(distribution.device_mesh.devices).reshape(-1)
-    return jax.sharding.Mesh(found, ("batch",))
+        return jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("batch",)), "batch"
+    if isinstance(distribution, keras.distribution.ModelParallel):
+        return distribution.device_mesh.backend_mesh, distribution.batch_dim_name
+    found = np.asarray(distribution.device_mesh.devices).reshape(-1)
+    return jax.sharding.Mesh(found, ("batch",)), "batch"
 
 
 @dataclass

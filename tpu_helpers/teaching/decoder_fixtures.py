@@ -101,8 +101,9 @@ def _family(model_type: str) -> dict:
 
 
 def tiny_decoder_config(model_type: str, vocab_size: int, **overrides) -> dict:
-    """``config.json`` of a tiny ``model_type`` decoder: 2 layers, 4 query heads sharing 2
-    key-value heads (grouped-query attention, as every such checkpoint on the hub), head size 8."""
+    """``config.json`` of a tiny ``model_type`` decoder: 2 layers, 8 query heads sharing 4
+    key-value heads (grouped-query attention, as every such checkpoint on the hub; a model
+    axis of 4 splits both), head size 8 (Qwen 3's is its own) or 4 (Llama's: hidden / heads)."""
     family = _family(model_type)
     config = {
         "model_type": model_type,
@@ -111,9 +112,9 @@ def tiny_decoder_config(model_type: str, vocab_size: int, **overrides) -> dict:
         "hidden_size": 32,
         "intermediate_size": 64,
         "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 8 if model_type == "qwen3" else 4,  # Llama's is hidden / heads
         "max_position_embeddings": 512,
         "initializer_range": 0.02,
         "torch_dtype": "float32",

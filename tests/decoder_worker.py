@@ -1,0 +1,78 @@
+"""LoRA-tune the tiny Qwen 3 as notebook 10 does, for ``test_decoders``: the notebook's
+layout map over a (batch 2, model 4) mesh of 8 devices, its packed model, LoRA on the
+attention, ``keras3.fit_resumable`` saving every 3 steps; uninterrupted, or killed with
+SIGKILL after step ``--kill-at`` of the first epoch. Writes the LoRA weights (``--out``,
+.npz) and, beside them (.json), the history and the weights no layout splits over ``model``.
+
+    python tests/decoder_worker.py FIXTURES --dir CKPT --out lora.npz [--kill-at 5]
+"""
+
+import argparse
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+
+from tpu_helpers import keras3
+
+ROWS, WIDTH, BATCH, EPOCHS = 24, 32, 4, 2
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("fixtures")
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--kill-at", type=int, default=0)
+    args = parser.parse_args()
+
+    devices = keras3.devices(8)
+    import keras
+    from test_decoders import load, notebook_layout, packed_model
+
+    from tpu_helpers.core import pipeline
+    from tpu_helpers.keras3 import decoders
+
+    mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), devices)
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(layout_map=notebook_layout(mesh), batch_dim_name="batch")
+    )
+    lm = load(Path(args.fixtures) / "tiny-qwen3")
+    keras.utils.set_random_seed(0)  # LoRA's A is drawn: the same in every run
+    lm.backbone.enable_lora(4)
+    model = packed_model(lm.backbone, segments=True)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-100),
+    )
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(5, 300, (ROWS, WIDTH)).astype("int32")
+    segments = np.repeat(np.arange(1, 5), WIDTH // 4)[None].repeat(ROWS, 0).astype("int32")
+    labels = np.where(rng.random((ROWS, WIDTH)) < 0.5, np.roll(tokens, -1, 1), -100).astype("int32")
+    batches = pipeline.from_arrays(
+        {"token_ids": tokens, "segment_ids": segments}, labels, global_batch=BATCH, seed=0
+    ).with_transform(
+        lambda ds: ds.map(lambda x, y, w: (x, y, keras.ops.ones_like(y, "float32") * w[:, None]))
+    )
+
+    class Killer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if args.kill_at and self.epoch == 0 and batch + 1 >= args.kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    history = keras3.fit_resumable(
+        model, batches, EPOCHS, args.dir, every_steps=3, callbacks=[Killer()], log=lambda _: None
+    )
+    np.savez(args.out, *[np.asarray(v.value) for v in lm.backbone.trainable_weights])
+    missed = decoders.replicated_weights(lm, min_elements=512)
+    with open(args.out.removesuffix(".npz") + ".json", "w") as f:
+        json.dump({**history, "replicated": missed}, f)
+
+
+if __name__ == "__main__":
+    main()
