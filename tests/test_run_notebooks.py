@@ -94,6 +94,11 @@ def test_a_run_on_other_replicas_keeps_its_global_batch():
         run_notebooks.at_replicas(two, 3)
     with pytest.raises(ValueError, match="--replicas 0: give 1 or more"):
         run_notebooks.at_replicas(two, 0)
+    # notebook 10: the chips one model copy spans, as many of the file's as the count allows
+    split = {"simulated_replicas": 2, "model_axis": 2, "rows_per_batch": 4}
+    assert run_notebooks.at_replicas(split, 1)["model_axis"] == 1
+    assert run_notebooks.at_replicas(split, 8)["model_axis"] == 2
+    assert run_notebooks.at_replicas({**split, "model_axis": 4}, 6)["model_axis"] == 2
 
 
 def test_only_picks_runs_by_the_prefix_of_their_names(tmp_path, fixtures_dir):

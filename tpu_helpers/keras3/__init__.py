@@ -20,6 +20,8 @@ Its modules, each a concern (this package names their public parts):
                   ``keras.Model``; ``compile_classifier``, ``compile_masked_lm``
 ``packed``        ``packed_classifier``: a classifier on packed rows
 ``export``        ``save_hub_layout``: the trained model in the hub's layout
+``decoders``      decoder LLMs (notebook 10): ``memory_plan``, ``replicated_weights``,
+                  ``match_config``, ``save_merged`` (LoRA merged, the hub's layout)
 ``trainer``       ``RunSaves``, ``JaxTrainer``, ``fit_resumable``
                   (``core.engine.fit_with``, the one loop of both engines),
                   ``predict_classes``, ``evaluate``, ``compilations``,

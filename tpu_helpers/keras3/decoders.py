@@ -16,7 +16,8 @@ beside its page, where the stock way has no answer.
 ==========================  ==============================================================
 
 >>> plan = memory_plan(params=600_000_000, dtype="bfloat16", lora_params=2_000_000,
-...                    tokens_per_chip=4096, hidden=1024, layers=28, vocab=151_936)
+...                    rows_per_chip=4, sequence_length=512, hidden=1024, layers=28,
+...                    heads=16, vocab=151_936)
 >>> plan.fits
 True
 """
@@ -97,8 +98,8 @@ class MemoryPlan:
         fixes = {
             "weights": "a smaller checkpoint, dtype='bfloat16', or more chips on the model axis",
             "lora": "a lower lora_rank, or LoRA on the attention only",
-            "activations": "a smaller batch_size or sequence_length",
-            "logits": "a smaller batch_size or sequence_length (the vocabulary is the model's)",
+            "activations": "a smaller rows_per_batch or sequence_length, or more chips",
+            "logits": "a smaller rows_per_batch or sequence_length, or more chips on the data axis",
         }
         largest = max(fixes, key=lambda name: getattr(self, name))
         raise InputError(
@@ -111,28 +112,34 @@ def memory_plan(
     params: int,
     dtype: str,
     lora_params: int,
-    tokens_per_chip: int,
+    rows_per_chip: int,
+    sequence_length: int,
     hidden: int,
     layers: int,
+    heads: int,
     vocab: int,
     model_axis: int = 1,
     chip_bytes: int = V5E_CHIP_BYTES,
 ) -> MemoryPlan:
     """The ``MemoryPlan`` of training ``params`` weights held in ``dtype``, sharded over a
     model axis of ``model_axis`` chips, with ``lora_params`` LoRA weights, on
-    ``tokens_per_chip`` tokens a step (batch x sequence length over the data axis). The
-    activations are counted as 34 x tokens x hidden bytes a layer in 16 bits (a transformer
-    layer without recomputation, Korthikanti et al. 2022), twice that in float32."""
+    ``rows_per_chip`` rows of ``sequence_length`` tokens a step (the rows of a batch over
+    the data axis). The activations of a layer without recomputation, split over ``t`` chips
+    by heads and MLP units, are s b h (10 + 24 / t + 5 a s / (h t)) bytes in 16 bits
+    (Korthikanti et al. 2022: s tokens, b rows, h hidden, a heads; the last term is the
+    attention's scores), twice that in float32."""
     if dtype not in _BYTES:
         raise InputError(
             f"dtype={dtype!r} is not one of {sorted(_BYTES)}. Fix: 'bfloat16' on a TPU."
         )
-    width = _BYTES[dtype]
+    width, t = _BYTES[dtype], max(model_axis, 1)
+    tokens = rows_per_chip * sequence_length
+    per_token = 10 + 24 / t + 5 * heads * sequence_length / (hidden * t)
     return MemoryPlan(
-        weights=params * width // max(model_axis, 1),
+        weights=params * width // t,
         lora=lora_params * 4 * 4,  # weights, gradients and two Adam moments, float32
-        activations=34 * tokens_per_chip * hidden * layers * width // 2 // max(model_axis, 1),
-        logits=2 * tokens_per_chip * vocab * 4 // max(model_axis, 1),
+        activations=int(tokens * hidden * layers * per_token * width / 2),
+        logits=2 * tokens * vocab * 4,
         chip_bytes=chip_bytes,
     )
 

@@ -71,11 +71,8 @@ DECODER_FAMILIES = {
             "<|end_header_id|>",
             "<|eot_id|>",
         ),
-        "tokens": {
-            "eos_token": "<|eot_id|>",
-            "pad_token": "<|end_of_text|>",
-            "bos_token": "<|begin_of_text|>",
-        },
+        # no padding token, as Meta's instruction-tuned Llama 3 checkpoints have none
+        "tokens": {"eos_token": "<|eot_id|>", "pad_token": None, "bos_token": "<|begin_of_text|>"},
         "template": _LLAMA3_CHAT,
         "architecture": "LlamaForCausalLM",
         "config": {
@@ -206,12 +203,17 @@ def chat_tokenizer(model_type: str, corpus: list[str], vocab_size: int = 400):
 
 
 def write_tiny_decoder(
-    out: Path, model_type: str, corpus: list[str], seed: int = 0, shard_bytes: int = 48 * 1024
+    out: Path,
+    model_type: str,
+    corpus: list[str],
+    seed: int = 0,
+    shard_bytes: int = 48 * 1024,
+    **overrides,
 ) -> dict:
     """Write a tiny untrained ``model_type`` decoder and its chat tokenizer into ``out`` as
     the hub serves them (sharded safetensors with their index, ``config.json``,
     ``generation_config.json``, ``tokenizer.json``, ``tokenizer_config.json``). Returns the
-    config."""
+    config; ``overrides`` change its sizes (``hidden_size``, ``num_hidden_layers`` ...)."""
     from tpu_helpers.data import hub
 
     tok, settings = chat_tokenizer(model_type, corpus)
@@ -219,9 +221,9 @@ def write_tiny_decoder(
     ids = {name: tok.token_to_id(token) for name, token in specials.items() if token}
     # the hub's embeddings have rows to a multiple of 64 beyond the tokenizer's last id
     # (Qwen 3: 151,936 rows for 151,669 tokens), so that they shard evenly
-    config = tiny_decoder_config(model_type, -(-tok.get_vocab_size() // 64) * 64)
+    config = tiny_decoder_config(model_type, -(-tok.get_vocab_size() // 64) * 64, **overrides)
     config.update(
-        bos_token_id=ids.get("bos_token", ids["pad_token"]), eos_token_id=ids["eos_token"]
+        bos_token_id=ids.get("bos_token", ids["eos_token"]), eos_token_id=ids["eos_token"]
     )
     out.mkdir(parents=True)
     hub.write_hub_weights(_untrained(config, seed), out, shard_bytes)
@@ -229,9 +231,10 @@ def write_tiny_decoder(
     generation = {
         "bos_token_id": config["bos_token_id"],
         "eos_token_id": config["eos_token_id"],
-        "pad_token_id": ids["pad_token"],
         "do_sample": False,
     }
+    if "pad_token" in ids:
+        generation["pad_token_id"] = ids["pad_token"]
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True))
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2, sort_keys=True))

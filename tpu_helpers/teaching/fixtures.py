@@ -97,7 +97,7 @@ __all__ = [
 ]
 
 
-FIXTURES_VERSION = 23
+FIXTURES_VERSION = 24
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
