@@ -28,7 +28,7 @@ def one_count(a):
     sys.path.insert(0, str(ROOT / "tests"))
     from tpu_helpers import keras3
 
-    devices = keras3.devices(a.devices if a.devices > 1 else 0) if a.simulate else keras3.devices()
+    devices = keras3.devices(a.devices if a.simulate else 0)[: a.devices]
     import jax
     import keras
     import numpy as np
