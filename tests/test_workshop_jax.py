@@ -452,3 +452,53 @@ def test_a_keras_warmup_and_cosine_decay_passes_and_one_that_ends_late_is_refuse
     no_warmup = schedules.CosineDecay(1e-4, 100)
     with pytest.raises(ExerciseCheckError, match="warmup from 0"):
         workshop.check_schedule(no_warmup, 1e-4, 100, 0.1, "06.1")
+
+
+def _causal_packed(segments):
+    width = segments.shape[1]
+    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] > 0)
+    return same & np.tril(np.ones((width, width), bool))
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (
+            lambda s: _causal_packed(s) | np.tril(np.ones(s.shape[1:] * 2, bool)),
+            "must not see each other",
+        ),
+        (lambda s: s[:, :, None] == s[:, None, :], "never sees a later token"),
+        (lambda s: _causal_packed(s) | (s[:, None, :] == 0), "padding key"),
+        (lambda s: _causal_packed(s)[:, 0], "needs one row per query token"),
+    ],
+    ids=["across examples", "no causal rule", "padding seen", "one row"],
+)
+def test_the_causal_packed_mask_check_takes_the_mask_and_names_each_wrong_one(wrong, message):
+    workshop_jax.check_causal_packed_mask(lambda s: keras.ops.convert_to_tensor(_causal_packed(s)))
+    with pytest.raises(ExerciseCheckError, match=message):
+        workshop_jax.check_causal_packed_mask(wrong)
+
+
+def _labels(tokens, segments, answer):
+    out = np.full(tokens.shape, workshop_jax.IGNORED)
+    same = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
+    out[:, :-1] = np.where(same & answer[:, 1:], tokens[:, 1:], workshop_jax.IGNORED)
+    return out
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (lambda t, s, a: np.where(a, t, workshop_jax.IGNORED), "the token after it"),
+        (
+            lambda t, s, a: np.pad(t[:, 1:], ((0, 0), (0, 1)), constant_values=-100),
+            "not a response token",
+        ),
+        (lambda t, s, a: _labels(t, s, a)[:, :-1], "one per token"),
+    ],
+    ids=["not shifted", "prompts trained", "one short"],
+)
+def test_the_next_token_labels_check_takes_the_labels_and_names_each_wrong_one(wrong, message):
+    workshop_jax.check_next_token_labels(_labels)
+    with pytest.raises(ExerciseCheckError, match=message):
+        workshop_jax.check_next_token_labels(wrong)

@@ -40,6 +40,7 @@ __all__ = [
     "check_schedule",
     "packed_segments",
     "check_attention_mask",
+    "check_mask",
     "check_restarted_positions",
 ]
 
@@ -947,7 +948,22 @@ def check_attention_mask(allowed: Callable, exercise: str = "07.1") -> None:
     from tpu_helpers.tf_engine.packed_classes import same_example
 
     segments = packed_segments()
-    want = same_example(segments).numpy()
+
+    def why(i, j, kj, wanted):
+        if wanted:
+            return "tokens of the same example must see each other"
+        if kj == 0:
+            return "a padding key must be hidden (segment 0): and-combine with segment_ids > 0"
+        return "tokens of different examples must not see each other"
+
+    check_mask(allowed, same_example(segments).numpy(), why, exercise)
+    _ok(exercise, "each token sees exactly the tokens of its own example")
+
+
+def check_mask(allowed: Callable, want: np.ndarray, why: Callable, exercise: str) -> None:
+    """``allowed(packed_segments())`` against ``want`` (``[rows, T, T]`` booleans); at the
+    first wrong entry ``why(i, j, key's segment, wanted)`` says the rule it breaks."""
+    segments = packed_segments()
     got = _answer_array(allowed, segments, exercise)
     rows, width = segments.shape
     if got.shape != want.shape:
@@ -962,18 +978,12 @@ def check_attention_mask(allowed: Callable, exercise: str = "07.1") -> None:
     if len(wrong):
         r, i, j = (int(v) for v in wrong[0])
         qi, kj = int(segments[r, i]), int(segments[r, j])
-        if want[r, i, j]:
-            why = "tokens of the same example must see each other"
-        elif kj == 0:
-            why = "a padding key must be hidden (segment 0): and-combine with segment_ids > 0"
-        else:
-            why = "tokens of different examples must not see each other"
         _fail(
             exercise,
             f"row {r}, query {i} (segment {qi}) and key {j} (segment {kj}): the mask says"
-            f" {bool(got[r, i, j])}, but {why}. {len(wrong)} of {got.size} entries differ.",
+            f" {bool(got[r, i, j])}, but {why(i, j, kj, bool(want[r, i, j]))}."
+            f" {len(wrong)} of {got.size} entries differ.",
         )
-    _ok(exercise, "each token sees exactly the tokens of its own example")
 
 
 def check_restarted_positions(positions: Callable, exercise: str = "07.2") -> None:

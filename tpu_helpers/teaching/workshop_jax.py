@@ -488,35 +488,22 @@ def check_causal_packed_mask(allowed: Callable, exercise: str = "10.1") -> None:
     """``allowed(segment_ids)`` gives ``[rows, T, T]`` booleans: query ``i`` may see key
     ``j`` when both are tokens of the same example and ``j <= i`` (no later token, no
     other example, no padding)."""
-    from tpu_helpers.teaching.workshop import _answer_array, packed_segments
+    from tpu_helpers.teaching.workshop import check_mask, packed_segments
 
     segments = packed_segments()
-    rows, width = segments.shape
+    width = segments.shape[1]
     same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] > 0)
-    want = same & np.tril(np.ones((width, width), bool))[None]
-    got = _answer_array(allowed, segments, exercise)
-    if got.shape != want.shape:
-        _fail(
-            exercise,
-            f"the mask has shape {list(got.shape)}; it needs [rows, T, T] = {[rows, width, width]}.",
-        )
-    wrong = np.argwhere(got.astype(bool) != want)
-    if len(wrong):
-        r, i, j = (int(v) for v in wrong[0])
-        qi, kj = int(segments[r, i]), int(segments[r, j])
-        if want[r, i, j]:
-            why = "a token must see itself and the earlier tokens of its own example"
-        elif kj == 0:
-            why = "a padding key (segment 0) must be hidden"
-        elif j > i:
-            why = "a decoder never sees a later token (key j > query i): and-combine with j <= i"
-        else:
-            why = "tokens of different examples must not see each other"
-        _fail(
-            exercise,
-            f"row {r}, query {i} (segment {qi}) and key {j} (segment {kj}): the mask says"
-            f" {bool(got[r, i, j])}, but {why}. {len(wrong)} of {got.size} entries differ.",
-        )
+
+    def why(i, j, kj, wanted):
+        if wanted:
+            return "a token must see itself and the earlier tokens of its own example"
+        if kj == 0:
+            return "a padding key (segment 0) must be hidden"
+        if j > i:
+            return "a decoder never sees a later token (key j > query i): and-combine with j <= i"
+        return "tokens of different examples must not see each other"
+
+    check_mask(allowed, same & np.tril(np.ones((width, width), bool))[None], why, exercise)
     _ok(exercise, "each token sees itself and the earlier tokens of its own example only")
 
 
