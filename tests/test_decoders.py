@@ -253,7 +253,7 @@ def test_the_memory_plan_counts_each_part_and_names_the_largest():
         sequence_length=512,
         **qwen,
     )
-    assert small.weights == 1_200_000_000 and small.lora == 32_000_000
+    assert small.weights == 2 * 1_200_000_000 and small.lora == 32_000_000
     assert small.logits == 2 * 2048 * 151_936 * 4  # float32 logits and their gradient
     # Korthikanti et al.'s s b h (34 + 5 a s / h) bytes a layer on one chip, 16 bits
     assert small.activations == 2048 * 1024 * 28 * (34 + 5 * 16 * 512 / 1024)
@@ -425,3 +425,24 @@ def test_a_killed_sharded_lora_run_resumes_to_the_weights_of_one_never_stopped(
     for run in ("whole", "killed"):
         report = json.loads((tmp_path / run / "lora.json").read_text())
         assert report["replicated"] == [] and len(report["loss"]) == 2, report
+
+
+def test_a_save_over_an_earlier_one_leaves_no_stale_weights_and_keeps_other_files(
+    fixtures_dir, tmp_path
+):
+    import shutil
+
+    source = tmp_path / "source"
+    shutil.copytree(fixtures_dir / "tiny-qwen3", source)
+    (source / "chat_template.jinja").write_text("{{ messages }}")  # a template kept apart
+    lm = load(source)
+    out = tmp_path / "merged"
+    decoders.save_merged(lm, source, out, max_shard_bytes=16 * 1024)  # shards and an index
+    assert (out / "model.safetensors.index.json").exists()
+    (out / "notes.txt").write_text("mine")
+    names = decoders.save_merged(lm, source, out)  # one file now
+    assert "chat_template.jinja" in names and (out / "chat_template.jinja").exists()
+    weights = sorted(p.name for p in out.glob("model*.safetensors*"))
+    assert weights == ["model.safetensors"], weights
+    assert (out / "notes.txt").read_text() == "mine"
+    assert not (tmp_path / "merged.partial").exists()

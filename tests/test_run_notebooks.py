@@ -98,7 +98,9 @@ def test_a_run_on_other_replicas_keeps_its_global_batch():
     split = {"simulated_replicas": 2, "model_axis": 2, "rows_per_batch": 4}
     assert run_notebooks.at_replicas(split, 1)["model_axis"] == 1
     assert run_notebooks.at_replicas(split, 8)["model_axis"] == 2
-    assert run_notebooks.at_replicas({**split, "model_axis": 4}, 6)["model_axis"] == 2
+    assert run_notebooks.at_replicas({**split, "model_axis": 4}, 8)["model_axis"] == 4
+    with pytest.raises(ValueError, match="rows_per_batch 4 does not split over the 8 copies"):
+        run_notebooks.at_replicas(split, 16)
 
 
 def test_only_picks_runs_by_the_prefix_of_their_names(tmp_path, fixtures_dir):

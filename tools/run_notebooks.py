@@ -113,6 +113,13 @@ def at_replicas(parameters: dict, replicas: int, name: str = "the parameters") -
             out[key] = replicas
     if "model_axis" in out:  # the chips one model copy spans: as many as the file's that fit
         out["model_axis"] = math.gcd(int(out["model_axis"]), replicas)
+        groups = replicas // out["model_axis"]
+        if out.get("rows_per_batch", groups) % groups:
+            raise ValueError(
+                f"{name}: rows_per_batch {out['rows_per_batch']} does not split over the"
+                f" {groups} copies of the model that {replicas} replicas make. Fix: a"
+                f" rows_per_batch there that {groups} divides, or another replica count."
+            )
     return out
 
 

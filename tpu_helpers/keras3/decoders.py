@@ -65,7 +65,7 @@ _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 @dataclass(frozen=True)
 class MemoryPlan:
     """Bytes one chip holds while training: the model's weights (its share of them over the
-    model axis), the LoRA weights with Adam's two moments and their gradients (float32), the
+    model axis) twice (the model's variables, and the copy the engine's step carries), the LoRA weights with Adam's two moments and their gradients (float32), the
     activations kept for the backward pass and the float32 logits with their gradient."""
 
     weights: int
@@ -136,7 +136,7 @@ def memory_plan(
     tokens = rows_per_chip * sequence_length
     per_token = 10 + 24 / t + 5 * heads * sequence_length / (hidden * t)
     return MemoryPlan(
-        weights=params * width // t,
+        weights=2 * params * width // t,  # the model's variables and the step's state
         lora=lora_params * 4 * 4,  # weights, gradients and two Adam moments, float32
         activations=int(tokens * hidden * layers * per_token * width / 2),
         logits=2 * tokens * vocab * 4,
@@ -306,8 +306,9 @@ def save_merged(causal_lm, source, folder, max_shard_bytes: int = 2 * 1024**3) -
     ``config.json`` and the tokenizer and generation files copied from ``source``. Returns
     the files written. ``from_preset(folder)`` and transformers read it back.
 
-    A ``folder`` that holds another model is refused; the files are written beside it
-    first and moved in at the end, so a stopped save leaves the folder as it was.
+    A ``folder`` that holds another model is refused. The files are written beside it
+    first and moved in at the end (an earlier save's weight files removed, any other file
+    left), so a stopped save leaves the folder as it was.
     """
     from tpu_helpers.data.hub import write_hub_weights
     from tpu_helpers.keras3.internals import hub_converter
@@ -317,15 +318,20 @@ def save_merged(causal_lm, source, folder, max_shard_bytes: int = 2 * 1024**3) -
 
         from tpu_helpers.core import storage
 
+        gfile, target = storage.gfile(), str(folder).rstrip("/")
         with tempfile.TemporaryDirectory() as local:
+            if gfile.exists(f"{target}/config.json"):  # refused as a local folder would be
+                gfile.copy(f"{target}/config.json", f"{local}/config.json")
+            _refuse_other_model(Path(local), _config_of(source), Path(source), shown=target)
             names = save_merged(causal_lm, source, Path(local) / "model", max_shard_bytes)
-            gfile, target = storage.gfile(), str(folder).rstrip("/")
             gfile.makedirs(target)
+            for stale in gfile.glob(f"{target}/model*.safetensors*"):
+                gfile.remove(stale)
             for name in names:
                 gfile.copy(f"{local}/model/{name}", f"{target}/{name}", overwrite=True)
         return names
     source, folder = Path(source), Path(folder)
-    config = json.loads((source / "config.json").read_text())
+    config = _config_of(source)
     _refuse_other_model(folder, config, source)
     recorder = _Recorder(source)
     hub_converter(config["model_type"]).convert_weights(causal_lm.backbone, recorder, config)
@@ -346,16 +352,27 @@ def save_merged(causal_lm, source, folder, max_shard_bytes: int = 2 * 1024**3) -
         if path.is_file() and (
             path.name.startswith(("tokenizer", "generation_config", "special_tokens"))
             or path.name in ("vocab.json", "merges.txt")
+            or path.name.endswith(".jinja")  # a chat template kept beside the tokenizer
         ):
             shutil.copy(path, staging / path.name)
             names.append(path.name)
-    shutil.rmtree(folder, ignore_errors=True)
-    staging.rename(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("model*.safetensors*"):  # an earlier save's weights
+        stale.unlink()
+    for name in names:
+        (staging / name).replace(folder / name)
+    staging.rmdir()
     return names
 
 
-def _refuse_other_model(folder: Path, config: dict, source: Path) -> None:
-    if folder.resolve() == source.resolve():
+def _config_of(source) -> dict:
+    return json.loads((Path(source) / "config.json").read_text())
+
+
+def _refuse_other_model(folder: Path, config: dict, source: Path, shown: str = "") -> None:
+    """Refuse a ``folder`` (named ``shown`` where it stands for a bucket's) that is
+    ``source`` or holds another model's ``config.json``."""
+    if not shown and folder.resolve() == source.resolve():
         raise InputError(
             f"{folder} is the folder the model was read from. Fix: another folder, e.g."
             " f'{output_dir}/merged'."
@@ -374,7 +391,7 @@ def _refuse_other_model(folder: Path, config: dict, source: Path) -> None:
             f"files of something else ({', '.join(sorted(p.name for p in folder.iterdir())[:3])})"
         )
     raise ExistingFileError(
-        f"{folder} holds {what}, not an earlier save of this {config['model_type']} model;"
+        f"{shown or folder} holds {what}, not an earlier save of this {config['model_type']} model;"
         " nothing was written. Fix: another folder, or remove that one first."
     )
 

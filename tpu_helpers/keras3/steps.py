@@ -526,6 +526,15 @@ def _mesh():
     if distribution is None:
         return jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("batch",)), "batch"
     if isinstance(distribution, keras.distribution.ModelParallel):
+        if jax.process_count() > 1:
+            from tpu_helpers.core.errors import EngineError
+
+            raise EngineError(
+                f"ModelParallel over {jax.process_count()} JAX processes: the engine's saves"
+                " read every weight whole on the first host, which a weight split over"
+                " several hosts is not. Fix: one host's chips (a v5e-8, a TPU VM), or"
+                " keras.distribution.DataParallel over the slice."
+            )
         return distribution.device_mesh.backend_mesh, distribution.batch_dim_name
     found = np.asarray(distribution.device_mesh.devices).reshape(-1)
     return jax.sharding.Mesh(found, ("batch",)), "batch"

@@ -111,7 +111,7 @@ def tiny_decoder_config(model_type: str, vocab_size: int, **overrides) -> dict:
         "num_hidden_layers": 2,
         "num_attention_heads": 8,
         "num_key_value_heads": 4,
-        "head_dim": 8 if model_type == "qwen3" else 4,  # Llama's is hidden / heads
+        "head_dim": 8,
         "max_position_embeddings": 512,
         "initializer_range": 0.02,
         "torch_dtype": "float32",
@@ -119,6 +119,8 @@ def tiny_decoder_config(model_type: str, vocab_size: int, **overrides) -> dict:
         **family["config"],
         **overrides,
     }
+    if model_type == "llama":  # Llama's head size is hidden / heads, whatever is asked
+        config["head_dim"] = config["hidden_size"] // config["num_attention_heads"]
     return config
 
 
