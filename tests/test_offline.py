@@ -32,7 +32,7 @@ def test_a_notebook_is_named_by_its_number_its_stem_or_a_variant():
     assert parameters_file("07", ROOT, "seeds").parent == ROOT / "tests" / "params" / "tf"
 
 
-@pytest.mark.parametrize("notebook", ["1", "01_x", "10", "0"])
+@pytest.mark.parametrize("notebook", ["1", "01_x", "11", "0"])
 def test_a_name_that_is_not_one_notebook_is_refused_with_the_names(notebook):
     with pytest.raises(ValueError, match=r"Fix: one of .*'01_text_classification_fit'"):
         parameters_file(notebook, ROOT)
