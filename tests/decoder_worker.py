@@ -10,6 +10,7 @@ SIGKILL after step ``--kill-at`` of the first epoch. Writes the LoRA weights (``
 import argparse
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -65,13 +66,17 @@ def main():
             if args.kill_at and self.epoch == 0 and batch + 1 >= args.kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
 
+    lines = []
     history = keras3.fit_resumable(
-        model, batches, EPOCHS, args.dir, every_steps=3, callbacks=[Killer()], log=lambda _: None
+        model, batches, EPOCHS, args.dir, every_steps=3, callbacks=[Killer()], log=lines.append
     )
+    # the examples each epoch line counts: 4 in each row
+    counted = re.compile(r"epoch \d+: .* ([\d,]+) examples,")
+    examples = [int(m[1].replace(",", "")) for m in map(counted.search, lines) if m]
     np.savez(args.out, *[np.asarray(v.value) for v in lm.backbone.trainable_weights])
     missed = decoders.replicated_weights(lm, min_elements=512)
     with open(args.out.removesuffix(".npz") + ".json", "w") as f:
-        json.dump({**history, "replicated": missed}, f)
+        json.dump({**history, "replicated": missed, "examples_per_epoch": examples}, f)
 
 
 if __name__ == "__main__":

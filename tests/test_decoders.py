@@ -425,6 +425,9 @@ def test_a_killed_sharded_lora_run_resumes_to_the_weights_of_one_never_stopped(
     for run in ("whole", "killed"):
         report = json.loads((tmp_path / run / "lora.json").read_text())
         assert report["replicated"] == [] and len(report["loss"]) == 2, report
+    # the epoch line of the whole run counts the packed examples, 4 a row, not the tokens
+    whole = json.loads((tmp_path / "whole" / "lora.json").read_text())
+    assert whole["examples_per_epoch"] == [24 * 4, 24 * 4], whole
 
 
 def test_a_save_over_an_earlier_one_leaves_no_stale_weights_and_keeps_other_files(

@@ -16,14 +16,14 @@
 #           01 at two, in bfloat16; the other notebooks and unit tests run on the CPU leg.
 #   keras3  the Keras 3 engine on a stack shaped like Kaggle's TPU image (Python 3.12, JAX
 #           0.10): its tests at eight devices (a v5e-8), the two-process pod-slice
-#           rehearsals, main-track notebooks 00, 01 (its sentence-pair variant), 03 (on
-#           ELECTRA), 04 (on Swin) and 07 (on DeBERTa-v3) at eight (the rest on the Colab
-#           leg; the other variants with tools/run.sh --variants).
+#           rehearsals, main-track notebooks 00, 01 (its sentence-pair variant), 04 (on
+#           Swin), 07 (on DeBERTa-v3) and 10 (on Llama 3, a 2 x 4 mesh) at eight (the rest
+#           on the Colab leg; the other variants with tools/run.sh --variants).
 #   colab   the Keras 3 engine on a stack shaped like Colab's TPU runtime as it ships
 #           (Python 3.13, JAX 0.7.2, Keras 3.13.2 before the install cell, transformers
 #           5.15, no TensorFlow, no PyTorch): its tests at eight devices, the main
 #           track's notebooks at one (Colab's free v5e-1; 01 as the
-#           teaching page's no-TPU recipe runs it), and 04 on a distilled DeiT.
+#           teaching page's no-TPU recipe runs it), and the decoders' tests.
 #
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -176,10 +176,10 @@ keras3_leg() {
     # a loop, records, rules and packed rows that take them as any other feature), and 01's
     # at eight devices on the other leg. In the CI rehearsals of 2026-12-06 on this leg: 03's 150 s,
     # 02's 150 s, 05's 90 s, 01's 172 s in two cells, 07's about 40 s. Of the image
-    # families, 04 runs here on the distilled DeiT (a processor that crops) as well, and on
-    # Swin at eight devices on the other leg.
-    python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
-      --only 04_image_streaming.deit --replicas 1 || status=$?
+    # families, 04 runs on Swin at eight devices on the other leg; on the distilled DeiT and
+    # 03 on ELECTRA with tools/run.sh --variants since the CI rehearsal of 2026-12-06 that
+    # took 33.6 minutes with them (both legs of Keras 3 about 1,730 s), their heads and
+    # converters in test_keras3 still.
     # On the other leg only, what no package or JAX version here changes: the pod-slice
     # rehearsals; the engines' equality and the masked-LM heads of every family (the same
     # KerasHub converters on both legs); the core's refusals of a run that cannot go on
@@ -221,12 +221,12 @@ keras3_leg() {
     # every notebook at eight took about 45 minutes, this leg among the last to end.
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
       --only 00 --replicas 8 --no-variants || status=$?
-    # 01 on its sentence-pair variant (segment ids laid out too), 03 on ELECTRA, 04 on Swin,
-    # 07 on DeBERTa-v3 (packed), 10 on Llama 3 over a 2 x 4 mesh: their first runs (single
-    # sentences, DistilBERT, ViT, Qwen 3) are the Colab-shaped leg's, at one device
+    # 01 on its sentence-pair variant (segment ids laid out too), 04 on Swin, 07 on
+    # DeBERTa-v3 (packed), 10 on Llama 3 over a 2 x 4 mesh: their first runs (single
+    # sentences, ViT, DistilBERT, Qwen 3) are the Colab-shaped leg's, at one device
     local n
-    for n in 01_text_classification_fit.pairs 03_tfrecord_pipeline.electra \
-      04_image_streaming.swin 07_packed_fine_tuning.deberta 10_decoder_lora_fine_tuning.llama; do
+    for n in 01_text_classification_fit.pairs 04_image_streaming.swin \
+      07_packed_fine_tuning.deberta 10_decoder_lora_fine_tuning.llama; do
       python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
         --only "$n" --replicas 8 || status=$?
     done

@@ -314,22 +314,7 @@ def save_merged(causal_lm, source, folder, max_shard_bytes: int = 2 * 1024**3) -
     from tpu_helpers.keras3.internals import hub_converter
 
     if "://" in str(folder):  # a bucket: written here, then copied
-        import tempfile
-
-        from tpu_helpers.core import storage
-
-        gfile, target = storage.gfile(), str(folder).rstrip("/")
-        with tempfile.TemporaryDirectory() as local:
-            if gfile.exists(f"{target}/config.json"):  # refused as a local folder would be
-                gfile.copy(f"{target}/config.json", f"{local}/config.json")
-            _refuse_other_model(Path(local), _config_of(source), Path(source), shown=target)
-            names = save_merged(causal_lm, source, Path(local) / "model", max_shard_bytes)
-            gfile.makedirs(target)
-            for stale in gfile.glob(f"{target}/model*.safetensors*"):
-                gfile.remove(stale)
-            for name in names:
-                gfile.copy(f"{local}/model/{name}", f"{target}/{name}", overwrite=True)
-        return names
+        return _save_to_bucket(causal_lm, source, str(folder), max_shard_bytes)
     source, folder = Path(source), Path(folder)
     config = _config_of(source)
     _refuse_other_model(folder, config, source)
@@ -362,6 +347,27 @@ def save_merged(causal_lm, source, folder, max_shard_bytes: int = 2 * 1024**3) -
     for name in names:
         (staging / name).replace(folder / name)
     staging.rmdir()
+    return names
+
+
+def _save_to_bucket(causal_lm, source, folder: str, max_shard_bytes: int) -> list[str]:
+    """``save_merged`` into a bucket: refused as a local folder would be, written here,
+    the earlier save's weight files removed there, then copied."""
+    import tempfile
+
+    from tpu_helpers.core import storage
+
+    gfile, target = storage.gfile(), folder.rstrip("/")
+    with tempfile.TemporaryDirectory() as local:
+        if gfile.exists(f"{target}/config.json"):
+            gfile.copy(f"{target}/config.json", f"{local}/config.json")
+        _refuse_other_model(Path(local), _config_of(source), Path(source), shown=target)
+        names = save_merged(causal_lm, source, Path(local) / "model", max_shard_bytes)
+        gfile.makedirs(target)
+        for stale in gfile.glob(f"{target}/model*.safetensors*"):
+            gfile.remove(stale)
+        for name in names:
+            gfile.copy(f"{local}/model/{name}", f"{target}/{name}", overwrite=True)
     return names
 
 

@@ -647,17 +647,21 @@ def _shapes(batch) -> list:
 
 def _count(group: list) -> _Count:
     """The steps, the examples and the real tokens of ``group``: rows of some weight and
-    their attention mask's ones; packed rows' examples (slots of some weight) and tokens
-    (``segment_ids`` above 0); or rows weighted per token, as masked-LM blocks are, and
-    their every position."""
+    their attention mask's ones; packed rows' examples (slots of some weight, or the
+    segments of a row weighted per token) and tokens (``segment_ids`` above 0); or rows
+    weighted per token, as masked-LM blocks are, and their every position."""
     examples = tokens = 0
     for features, _, weights in group:
         weights = np.asarray(weights)
         kept = weights.reshape(len(weights), -1).max(axis=1) > 0
         features = features if isinstance(features, dict) else {}
-        if "segment_ids" in features:  # packed rows: a weight per example (slot)
-            examples += int((weights > 0).sum())
-            tokens += int((np.asarray(features["segment_ids"])[kept] > 0).sum())
+        if "segment_ids" in features:  # packed rows: a weight per example (slot) ...
+            segments = np.asarray(features["segment_ids"])
+            if "starts" in features:  # a classifier's: each example's first token
+                examples += int((weights > 0).sum())
+            else:  # a weight per token (a decoder's): the segments 1, 2 ... of each row
+                examples += int(segments[kept].max(axis=1, initial=0).sum())
+            tokens += int((segments[kept] > 0).sum())
             continue
         examples += int(kept.sum())
         mask = features.get("attention_mask")
