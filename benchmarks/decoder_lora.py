@@ -38,6 +38,7 @@ def one_count(a):
     import jax
     import keras
     import numpy as np
+    from keras3_step import Epoch  # what Steps reads of a tf.data.Dataset, in memory
     from test_decoders import load, notebook_layout, packed_model
 
     from tpu_helpers.keras3.steps import Steps
@@ -68,16 +69,6 @@ def one_count(a):
             ({"token_ids": ids, "segment_ids": segments}, labels, np.ones(ids.shape, "float32"))
         )
     tokens = a.steps * a.rows * a.width  # every token of a packed row is real here
-
-    class Epoch:  # what Steps reads of a tf.data.Dataset
-        def __init__(self, items):
-            self.items = items
-
-        def take(self, n):
-            return Epoch(self.items[:n])
-
-        def as_numpy_iterator(self):
-            return iter(self.items)
 
     steps = Steps.of(model)
     steps.build(data[0])

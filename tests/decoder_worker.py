@@ -9,9 +9,6 @@ SIGKILL after step ``--kill-at`` of the first epoch. Writes the LoRA weights (``
 
 import argparse
 import json
-import os
-import re
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +28,7 @@ def main():
 
     devices = keras3.devices(8)
     import keras
+    from keras3_worker import examples_per_epoch, killer
     from test_decoders import load, notebook_layout, packed_model
 
     from tpu_helpers.core import pipeline
@@ -58,21 +56,17 @@ def main():
         lambda ds: ds.map(lambda x, y, w: (x, y, keras.ops.ones_like(y, "float32") * w[:, None]))
     )
 
-    class Killer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-
-        def on_train_batch_end(self, batch, logs=None):
-            if args.kill_at and self.epoch == 0 and batch + 1 >= args.kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-
     lines = []
     history = keras3.fit_resumable(
-        model, batches, EPOCHS, args.dir, every_steps=3, callbacks=[Killer()], log=lines.append
+        model,
+        batches,
+        EPOCHS,
+        args.dir,
+        every_steps=3,
+        callbacks=[killer(args.kill_at)],
+        log=lines.append,
     )
-    # the examples each epoch line counts: 4 in each row
-    counted = re.compile(r"epoch \d+: .* ([\d,]+) examples,")
-    examples = [int(m[1].replace(",", "")) for m in map(counted.search, lines) if m]
+    examples = examples_per_epoch(lines)  # what each epoch line counts: 4 in each row
     np.savez(args.out, *[np.asarray(v.value) for v in lm.backbone.trainable_weights])
     missed = decoders.replicated_weights(lm, min_elements=512)
     with open(args.out.removesuffix(".npz") + ".json", "w") as f:

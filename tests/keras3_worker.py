@@ -40,6 +40,28 @@ def rows(fixtures):
     return tokenized, text.choose_boundaries(lengths, max_shapes=3, max_length=64)
 
 
+def killer(kill_at: int):
+    """A callback that kills this process with SIGKILL at the end of the first call of the
+    first epoch that reaches ``kill_at`` steps (0: never)."""
+    import keras
+
+    class Killer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            # batch: the call's last step of the epoch
+            if kill_at and self.epoch == 0 and batch + 1 >= kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return Killer()
+
+
+def examples_per_epoch(lines) -> list[int]:
+    """The examples each of the engine's epoch lines counts."""
+    return [int(m[1].replace(",", "")) for m in map(EXAMPLES.search, lines) if m]
+
+
 def as_hosts(batches, hosts, devices):
     """The global batches that ``hosts`` hosts of ``devices // hosts`` devices make together
     from ``batches`` (each its own rows, its own shards), as one process's ``Batches``."""
@@ -81,7 +103,6 @@ def main():
             f"127.0.0.1:{args.port}", num_processes=args.processes, process_id=args.process_id
         )
     keras3.connect(args.devices)
-    import keras
 
     checkpoint = f"{args.fixtures}/tiny-distilbert"
     tokenized, boundaries = rows(args.fixtures)
@@ -103,22 +124,19 @@ def main():
     model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
     keras3.compile_classifier(model, 1e-3, steps_per_execution=2)
 
-    class Killer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-
-        def on_train_batch_end(self, batch, logs=None):
-            # batch: the call's last step of the epoch
-            if args.kill_at and self.epoch == 0 and batch + 1 >= args.kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-
     lines = []
     history = keras3.fit_resumable(
-        model, train, EPOCHS, args.dir, every_steps=3, callbacks=[Killer()], log=lines.append
+        model,
+        train,
+        EPOCHS,
+        args.dir,
+        every_steps=3,
+        callbacks=[killer(args.kill_at)],
+        log=lines.append,
     )
     out = args.out.removesuffix(".npz") + (f"-{args.process_id}" if args.process_id else "")
     np.savez(f"{out}.npz", *[np.asarray(v.value) for v in model.weights])
-    examples = [int(m[1].replace(",", "")) for m in map(EXAMPLES.search, lines) if m]
+    examples = examples_per_epoch(lines)
     with open(f"{out}.json", "w") as f:  # with the examples each epoch line counts
         json.dump({**history, "examples_per_epoch": examples}, f)
 

@@ -243,64 +243,33 @@ def test_an_export_into_another_models_folder_is_refused_and_loses_nothing(fixtu
         decoders.save_merged(lm, fixtures_dir / "tiny-qwen3", fixtures_dir / "tiny-qwen3")
 
 
+QWEN_06B = dict(params=600_000_000, hidden=1024, layers=28, heads=16, vocab=151_936)
+LLAMA_8B = dict(params=8_000_000_000, hidden=4096, layers=32, heads=32, vocab=128_256)
+
+
+def plan(model, **run):
+    """``memory_plan`` of ``model``'s sizes, bfloat16, no LoRA, one row of 256 unless told."""
+    defaults = {"dtype": "bfloat16", "lora_params": 0, "rows_per_chip": 1, "sequence_length": 256}
+    return decoders.memory_plan(**{**defaults, **model, **run})
+
+
 def test_the_memory_plan_counts_each_part_and_names_the_largest():
-    qwen = dict(hidden=1024, layers=28, heads=16, vocab=151_936)
-    small = decoders.memory_plan(
-        params=600_000_000,
-        dtype="bfloat16",
-        lora_params=2_000_000,
-        rows_per_chip=4,
-        sequence_length=512,
-        **qwen,
-    )
+    small = plan(QWEN_06B, lora_params=2_000_000, rows_per_chip=4, sequence_length=512)
     assert small.weights == 2 * 1_200_000_000 and small.lora == 32_000_000
     assert small.logits == 2 * 2048 * 151_936 * 4  # float32 logits and their gradient
     # Korthikanti et al.'s s b h (34 + 5 a s / h) bytes a layer on one chip, 16 bits
     assert small.activations == 2048 * 1024 * 28 * (34 + 5 * 16 * 512 / 1024)
     assert small.fits
     with pytest.raises(InputError, match="largest part is activations.*rows_per_batch"):
-        decoders.memory_plan(
-            params=600_000_000,
-            dtype="bfloat16",
-            lora_params=2_000_000,
-            rows_per_chip=8,
-            sequence_length=1024,
-            **qwen,
-        ).check()
-    llama8b = dict(hidden=4096, layers=32, heads=32, vocab=128_256)
-    big = decoders.memory_plan(
-        params=8_000_000_000,
-        dtype="float32",
-        lora_params=0,
-        rows_per_chip=1,
-        sequence_length=256,
-        **llama8b,
-    )
+        plan(QWEN_06B, rows_per_chip=8, sequence_length=1024).check()
+    big = plan(LLAMA_8B, dtype="float32")
     with pytest.raises(InputError, match="largest part is weights.*bfloat16"):
         big.check()
-    split = decoders.memory_plan(
-        params=8_000_000_000,
-        dtype="bfloat16",
-        lora_params=0,
-        rows_per_chip=1,
-        sequence_length=256,
-        model_axis=8,
-        **llama8b,
-    )
+    split = plan(LLAMA_8B, model_axis=8)
     assert split.weights == big.weights // 16 and split.fits
     assert split.logits == big.logits  # every chip of a model copy holds the logits whole
     with pytest.raises(InputError, match="dtype='float8'"):
-        decoders.memory_plan(
-            params=1,
-            dtype="float8",
-            lora_params=0,
-            rows_per_chip=1,
-            sequence_length=1,
-            hidden=1,
-            layers=1,
-            heads=1,
-            vocab=1,
-        )
+        plan(QWEN_06B, dtype="float8")
 
 
 def test_a_model_axis_must_divide_both_kinds_of_heads():
