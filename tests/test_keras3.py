@@ -29,6 +29,7 @@ from tpu_helpers import keras3  # noqa: E402
 from tpu_helpers.core.errors import (  # noqa: E402
     CheckpointFormatError,
     CheckpointMismatchError,
+    EngineError,
     TpuHelpersError,
 )
 from tpu_helpers.core.families import FAMILIES, KERAS3, MLM  # noqa: E402
@@ -119,6 +120,17 @@ def test_the_masked_lm_head_read_from_the_hubs_files_computes_transformers_logit
     assert logs["loss"] == pytest.approx(float(ref["loss"]), abs=1e-5)
     if family not in FOLDED_TOKEN_TYPES:
         assert max_logit_gap(model, features, ref["logits_after_step"]) < AFTER_STEP_TOLERANCE
+
+
+def test_a_family_without_a_masked_lm_head_is_refused_with_a_fix_on_this_runtime(fixtures_dir):
+    """Continued pretraining of a family whose masked-LM head the engine does not build
+    (ELECTRA's is a generator) is refused before any weight is read, naming the families
+    it builds and where a head is added; the fix stays on the Keras 3 runtime."""
+    with pytest.raises(EngineError, match="'electra' checkpoint") as refused:
+        keras3.masked_lm(fixtures_dir / "engines" / "electra", verbose=False)
+    message = str(refused.value)
+    assert "electra" not in MLM and ", ".join(MLM) in message and "families.py" in message
+    assert "tf/" not in message and "TF engine" not in message
 
 
 def test_a_masked_lm_saved_in_the_hubs_layout_loads_back_with_its_logits(fixtures_dir, tmp_path):

@@ -289,8 +289,9 @@ def masked_lm(checkpoint: str, *, seed: int = 0, verbose: bool = True, **options
     if recipe is None:
         raise EngineError(
             f"{checkpoint!r} is a {family!r} checkpoint; the Keras 3 engine builds the"
-            f" masked-LM head of {', '.join(MLM)}. Fix: pretrain it on the TF engine"
-            " (notebook tf/06)."
+            f" masked-LM head of {', '.join(MLM)}. Fix: continue pretraining a checkpoint"
+            " of one of those families, or add this family's head (``MlmHead``) to its"
+            " entry in tpu_helpers/core/families.py."
         )
     head = HEADS[family]
     keras.utils.set_random_seed(seed)
