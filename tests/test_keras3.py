@@ -103,19 +103,32 @@ def test_both_engines_give_the_same_logits_loss_and_step(fixtures_dir, family, t
         assert max_logit_gap(trained, features, ref["logits_after_step"]) < AFTER_STEP_TOLERANCE
 
 
+def compile_masked_lm(model, optimizer, steps_per_execution=1):
+    """Notebook 06's compile: the cross-entropy averaged over the masked tokens only (the
+    batches' weight 1), and their accuracy."""
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="mean_with_sample_weight"
+        ),
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="mlm_accuracy")],
+        steps_per_execution=steps_per_execution,
+    )
+
+
 @pytest.mark.parametrize("family", MLM)
 def test_the_masked_lm_head_read_from_the_hubs_files_computes_transformers_logits_and_loss(
     fixtures_dir, family
 ):
     """``keras3.masked_lm`` on a tiny masked-LM checkpoint the TF engine wrote: the same
     logits at every position, the same loss (transformers': the mean over the masked
-    tokens, ``compile_masked_lm``'s) and, but for the folded token types, the same step."""
+    tokens, as notebook 06 compiles it) and, but for the folded token types, the same step."""
     folder = fixtures_dir / "engines" / f"{family}-mlm"
     ref = np.load(folder / "reference.npz")
     features = {"input_ids": ref["input_ids"]}  # blocks: no attention_mask, all tokens
     model = keras3.masked_lm(folder, verbose=False)
     assert max_logit_gap(model, features, ref["logits"]) < TOLERANCE
-    keras3.compile_masked_lm(model, 0, optimizer=keras.optimizers.SGD(ENGINE_LEARNING_RATE))
+    compile_masked_lm(model, keras.optimizers.SGD(ENGINE_LEARNING_RATE))
     logs = model.train_on_batch(features, ref["labels"], ref["weights"], return_dict=True)
     assert logs["loss"] == pytest.approx(float(ref["loss"]), abs=1e-5)
     if family not in FOLDED_TOKEN_TYPES:
@@ -180,7 +193,7 @@ def test_masked_lm_pretraining_stopped_mid_epoch_resumes_to_the_uninterrupted_we
 
     def trained(folder, stop_after=None):
         model = keras3.masked_lm(checkpoint, verbose=False)
-        keras3.compile_masked_lm(model, 1e-3, steps_per_execution=2)
+        compile_masked_lm(model, keras.optimizers.AdamW(1e-3), steps_per_execution=2)
 
         class Stop(keras.callbacks.Callback):
             def on_train_batch_end(self, batch, logs=None):

@@ -12,7 +12,7 @@ What differs is an engine's ``Trainer`` (the seam, a typed Protocol below):
                                  ``fit`` call on ``batches.distribute(strategy, ...)``,
                                  the state in ``tf.train`` checkpoints
                                  (``RunCheckpoints``)
-``keras3.JaxTrainer``            Keras 3 on JAX: each epoch through
+``keras3.trainer.JaxTrainer``    Keras 3 on JAX: each epoch through
                                  ``keras3.steps.Steps`` (compiled once per width, steps
                                  fused), the state in ``.npz``
 ===============================  =======================================================

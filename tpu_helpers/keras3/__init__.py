@@ -17,7 +17,7 @@ Its modules, each a concern (this package names their public parts):
                   too), ``connect`` (``keras.distribution.DataParallel`` made global),
                   what several JAX processes agree on
 ``models``        ``classifier`` and ``masked_lm``: encoder + head from a checkpoint, as
-                  ``keras.Model``; ``compile_classifier``, ``compile_masked_lm``
+                  ``keras.Model``; ``compile_classifier``
 ``packed``        ``packed_classifier``: a classifier on packed rows
 ``export``        ``save_hub_layout``: the trained model in the hub's layout
 ``decoders``      decoder LLMs (notebook 10): ``memory_plan``, ``replicated_weights``,
@@ -42,22 +42,18 @@ from __future__ import annotations
 import warnings
 
 from tpu_helpers.core.errors import EngineError
-from tpu_helpers.core.families import Head
 from tpu_helpers.core.versions import WRITTEN_FOR, installed
 from tpu_helpers.keras3.distribution import connect, devices, replicas, simulation_env
 from tpu_helpers.keras3.export import save_hub_layout
 from tpu_helpers.keras3.models import (
     HEADS,
-    HubSource,
     checkpoint_folder,
     classifier,
     compile_classifier,
-    compile_masked_lm,
     masked_lm,
 )
 from tpu_helpers.keras3.packed import packed_attention, packed_classifier, packed_positions
 from tpu_helpers.keras3.trainer import (
-    JaxTrainer,
     ResumePoint,
     RunSaves,
     compilations,
@@ -69,7 +65,6 @@ from tpu_helpers.keras3.trainer import (
 
 __all__ = [
     "EngineError",
-    "Head",
     "HEADS",
     "devices",
     "simulation_env",
@@ -79,15 +74,12 @@ __all__ = [
     "classifier",
     "compile_classifier",
     "masked_lm",
-    "compile_masked_lm",
     "packed_classifier",
     "packed_attention",
     "packed_positions",
-    "HubSource",
     "save_hub_layout",
     "ResumePoint",
     "RunSaves",
-    "JaxTrainer",
     "fit_resumable",
     "evaluate",
     "predict_classes",

@@ -25,13 +25,11 @@ from tpu_helpers.keras3.converters import CONVERTERS
 from tpu_helpers.keras3.distribution import _keras
 
 __all__ = [
-    "HubSource",
     "HEADS",
     "checkpoint_folder",
     "classifier",
     "compile_classifier",
     "masked_lm",
-    "compile_masked_lm",
 ]
 
 
@@ -357,24 +355,6 @@ def _load_mlm_head(layers, reader) -> bool:
     )
     bias.set_weights([reader.get_tensor(bias_name)])
     return True
-
-
-def compile_masked_lm(model, learning_rate: float, *, steps_per_execution: int = 1, optimizer=None):
-    """Compile a ``masked_lm`` as transformers trains one: the cross-entropy averaged over
-    the masked tokens only (the batches' weights: 1 where a token was masked), and the
-    masked tokens' accuracy; AdamW unless ``optimizer`` is given."""
-    keras = _keras()
-    if optimizer is None:
-        check_learning_rate(learning_rate)
-    model.compile(
-        optimizer=optimizer or keras.optimizers.AdamW(learning_rate),
-        loss=keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True, reduction="mean_with_sample_weight"
-        ),
-        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="mlm_accuracy")],
-        steps_per_execution=steps_per_execution,
-    )
-    return model
 
 
 def _backbone(keras, folder: Path, config: dict, head: Head):

@@ -43,7 +43,6 @@ from tpu_helpers.keras3.models import HubSource
 __all__ = [
     "ResumePoint",
     "RunSaves",
-    "JaxTrainer",
     "fit_resumable",
     "evaluate",
     "predict_classes",

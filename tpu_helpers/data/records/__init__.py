@@ -34,47 +34,30 @@ from __future__ import annotations
 
 from tpu_helpers.data.records.encode import encode_examples
 from tpu_helpers.data.records.layout import (
-    DEFAULT_SHARD_BYTES,
-    FORMAT,
     SHARED_SCHEMES,
     RecordsError,
     metadata_path,
-    shard_name,
     split_files,
 )
-from tpu_helpers.data.records.plan import ReadPlan, plan_reads
+from tpu_helpers.data.records.plan import plan_reads
 from tpu_helpers.data.records.read import read_records
 from tpu_helpers.data.records.source import (
-    RecordSource,
-    Shard,
-    load_metadata,
     open_records,
     record_lengths,
-    scan_shard,
-    shard_problem,
     verify_records,
 )
 from tpu_helpers.data.records.write import write_records
 
 __all__ = [
-    "FORMAT",
-    "DEFAULT_SHARD_BYTES",
     "RecordsError",
-    "shard_name",
     "metadata_path",
     "split_files",
     "SHARED_SCHEMES",
     "encode_examples",
     "write_records",
-    "load_metadata",
-    "Shard",
-    "scan_shard",
-    "shard_problem",
     "verify_records",
-    "RecordSource",
     "open_records",
     "record_lengths",
-    "ReadPlan",
     "plan_reads",
     "read_records",
 ]
