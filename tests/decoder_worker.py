@@ -2,7 +2,8 @@
 layout map over a (batch 2, model 4) mesh of 8 devices, its packed model, LoRA on the
 attention, ``keras3.fit_resumable`` saving every 3 steps; uninterrupted, or killed with
 SIGKILL after step ``--kill-at`` of the first epoch. Writes the LoRA weights (``--out``,
-.npz) and, beside them (.json), the history and the weights no layout splits over ``model``.
+.npz) and, beside them (.json), the history, the weights no layout splits over ``model``
+and what the newest save left out.
 
     python tests/decoder_worker.py FIXTURES --dir CKPT --out lora.npz [--kill-at 5]
 """
@@ -69,8 +70,15 @@ def main():
     examples = examples_per_epoch(lines)  # what each epoch line counts: 4 in each row
     np.savez(args.out, *[np.asarray(v.value) for v in lm.backbone.trainable_weights])
     missed = decoders.replicated_weights(lm, min_elements=512)
+    newest = json.loads((Path(args.dir) / "latest.json").read_text())["file"]
+    saved = np.load(Path(args.dir) / newest)  # what the newest save holds
+    report = {"replicated": missed, "examples_per_epoch": examples}
+    frozen = [w for w in lm.backbone.non_trainable_weights if np.prod(w.shape) >= 1024]
+    order = [*model.trainable_variables, *model.non_trainable_variables]  # the saves' order
+    report["left_out"] = sorted(order[int(i)].path for i in saved["unchanged"][:, 0])
+    report["large_frozen"] = sorted(w.path for w in frozen)
     with open(args.out.removesuffix(".npz") + ".json", "w") as f:
-        json.dump({**history, "replicated": missed, "examples_per_epoch": examples}, f)
+        json.dump({**history, **report}, f)
 
 
 if __name__ == "__main__":

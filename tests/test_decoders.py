@@ -397,6 +397,50 @@ def test_a_killed_sharded_lora_run_resumes_to_the_weights_of_one_never_stopped(
     # the epoch line of the whole run counts the packed examples, 4 a row, not the tokens
     whole = json.loads((tmp_path / "whole" / "lora.json").read_text())
     assert whole["examples_per_epoch"] == [24 * 4, 24 * 4], whole
+    # the saves leave out the frozen kernels and embeddings (1,024 elements or more: all
+    # but the norms' scales), which the resumed run found as built
+    assert whole["left_out"] == whole["large_frozen"] and len(whole["left_out"]) == 15, whole
+
+
+def test_a_resume_onto_other_frozen_weights_is_refused_naming_them(fixtures_dir, tmp_path):
+    """A LoRA run's saves hold the frozen weights' fingerprints, not their values: a model
+    built again with one of them otherwise (another checkpoint) is refused, the save kept."""
+    from tpu_helpers import keras3
+    from tpu_helpers.core import pipeline
+    from tpu_helpers.core.errors import CheckpointMismatchError
+
+    def tuned(change=0.0):
+        lm = load(fixtures_dir / "tiny-qwen3")
+        keras.utils.set_random_seed(0)
+        lm.backbone.enable_lora(2)
+        path = "transformer_layer_1/self_attention/key/kernel"  # frozen; 1,024 elements
+        kernel = next(w for w in lm.backbone.weights if w.path == path)
+        kernel.assign(kernel + change)
+        model = packed_model(lm.backbone, segments=True)
+        model.compile(
+            optimizer=keras.optimizers.SGD(1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+        ids = np.arange(64, dtype="int32").reshape(4, 16) % 200 + 5
+        batches = pipeline.from_arrays(
+            {"token_ids": ids, "segment_ids": np.ones_like(ids)},
+            np.roll(ids, -1, 1),
+            global_batch=4,
+        ).with_transform(  # a weight per label, as notebook 10's
+            lambda ds: ds.map(
+                lambda x, y, w: (x, y, keras.ops.ones_like(y, "float32") * w[:, None])
+            )
+        )
+        return keras3.fit_resumable(model, batches, 1, str(tmp_path / "run"), verbose=0)
+
+    tuned()
+    before = sorted(p.name for p in (tmp_path / "run").iterdir())
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"(?s)other values in 1 of.*layer_1/self_attention/key/kernel.*Fix",
+    ):
+        tuned(change=0.5)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == before
 
 
 def test_a_save_over_an_earlier_one_leaves_no_stale_weights_and_keeps_other_files(

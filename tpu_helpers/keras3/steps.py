@@ -36,6 +36,7 @@ given to ``model.compile``) inside functions jitted once here, so that
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
@@ -55,6 +56,7 @@ __all__ = [
     "shape_key",
     "one_width_runs",
     "variable_values",
+    "fingerprints",
     "put_rows",
     "hosts",
     "COMPILER_OPTIONS",
@@ -280,12 +282,25 @@ class Steps:
 
         return jax.tree.map(one, values)
 
-    def saved_values(self, state) -> list[np.ndarray]:
+    def saved_values(self, state, skip=()) -> list[np.ndarray | None]:
         """The state's weights, non-trainable variables and optimizer, on the host, in the
-        order of ``keras3``'s saves."""
+        order of ``keras3``'s saves; ``None`` at the indices in ``skip`` (not copied)."""
         import jax
 
-        return [np.asarray(a) for a in jax.device_get([*state[0], *state[1], *state[2]])]
+        flat = [*state[0], *state[1], *state[2]]
+        kept = [i for i in range(len(flat)) if i not in skip]
+        values: list = [None] * len(flat)
+        for i, array in zip(kept, jax.device_get([flat[i] for i in kept]), strict=True):
+            values[i] = np.asarray(array)
+        return values
+
+    def unchanged(self, state, as_built: dict) -> dict:
+        """Of ``as_built`` (``{index in the saves' order: fingerprint}``), the variables
+        the state still holds as they were built, with their fingerprints."""
+        flat = [*state[0], *state[1], *state[2]]
+        indices = sorted(as_built)
+        now = fingerprints([flat[i] for i in indices])
+        return {i: f for i, f in zip(indices, now, strict=True) if f == as_built[i]}
 
     def write_back(self, state) -> tuple:
         """Put the state into the model's variables (what ``model(...)``, ``save`` and the
@@ -407,6 +422,45 @@ def variable_values(model, optimizer=None) -> tuple:
         [v.value for v in model.non_trainable_variables],
         [v.value for v in optimizer.variables],
     )
+
+
+def fingerprints(arrays) -> list[tuple[int, int]]:
+    """Two 32-bit sums of each array's bits, the second weighted by position, computed
+    where the arrays are (one program over the devices holding them; with several JAX
+    processes every one calls it): a changed element changes them. What a save records of
+    a large variable the run has left as it was built, in place of its values."""
+    import jax
+
+    if not arrays:
+        return []
+    sums = jax.device_get(_bit_sums()(tuple(arrays)))
+    return [(int(a), int(b)) for a, b in np.asarray(sums).reshape(-1, 2)]
+
+
+@functools.cache
+def _bit_sums():
+    """The jitted ``[arrays] -> [n, 2] uint32`` of ``fingerprints`` (compiled per shapes)."""
+    import jax
+    import jax.numpy as jnp
+
+    def words(array):  # each element's bits as uint32 words
+        flat = jnp.ravel(array)
+        if flat.dtype == jnp.bool_:
+            flat = flat.astype(jnp.uint8)
+        if flat.dtype.itemsize >= 4:
+            return jnp.ravel(jax.lax.bitcast_convert_type(flat, jnp.uint32))
+        unsigned = {1: jnp.uint8, 2: jnp.uint16}[flat.dtype.itemsize]
+        return jax.lax.bitcast_convert_type(flat, unsigned).astype(jnp.uint32)
+
+    def sums(arrays):
+        out = []
+        for array in arrays:
+            bits = words(array)
+            place = jnp.arange(bits.size, dtype=jnp.uint32) % 65521 + 1
+            out.append(jnp.stack([jnp.sum(bits), jnp.sum(bits * place)]))
+        return jnp.stack(out)
+
+    return jax.jit(sums)
 
 
 def compile_workers(programs: int) -> int:

@@ -73,7 +73,16 @@ class RunSaves:
     every one waits for it (``save``), and every one reads (``restore``): the folder must
     be one they share (``gs://``). ``fit_resumable`` saves through it; so can a loop of one's own
     (``save(model, ResumePoint(epoch, step), values)`` with the values of the model's
-    trainable, non-trainable and optimizer variables, in that order; ``restore(model)``)."""
+    trainable, non-trainable and optimizer variables, in that order; ``restore(model)``).
+
+    A non-trainable variable of ``FROZEN_ELEMENTS`` or more that the run has not changed
+    (a frozen weight: LoRA freezes all of a model's but its factors) can be left out of a
+    save (``unchanged``: ``{index: fingerprint}``, see ``as_built``), which then holds its
+    fingerprint: a LoRA run's saves hold the factors and their optimizer, not the model.
+    ``restore`` checks that the model built again holds the same values there, and refuses
+    one that does not (another checkpoint, or weights drawn without a seed)."""
+
+    FROZEN_ELEMENTS = 1024
 
     def __init__(self, directory: str, run: dict, log=say):
         self.directory, self.run, self.gfile = directory.rstrip("/"), run, gfile()
@@ -95,13 +104,28 @@ class RunSaves:
         with self.gfile.GFile(path) as f:
             return json.load(f)
 
-    def save(self, model, point: ResumePoint, values=None) -> None:
+    def as_built(self, model) -> dict:
+        """``{index in the saves' order: fingerprint}`` of the model's non-trainable
+        variables of ``FROZEN_ELEMENTS`` or more, as they are now (every process calls it)."""
+        from tpu_helpers.keras3.steps import fingerprints
+
+        trainable = len(model.trainable_variables)
+        large = [
+            (trainable + i, v)
+            for i, v in enumerate(model.non_trainable_variables)
+            if int(np.prod(v.shape)) >= self.FROZEN_ELEMENTS
+        ]
+        found = fingerprints([v.value for _, v in large])
+        return {i: f for (i, _), f in zip(large, found, strict=True)}
+
+    def save(self, model, point: ResumePoint, values=None, unchanged=None) -> None:
         """Save ``values`` (in the order of ``_state(model)``; the variables' own values
-        when ``None``) as the state at ``point``."""
+        when ``None``) as the state at ``point``, but those of ``unchanged`` (their
+        fingerprints instead)."""
         failed = None
         if self.writer:  # one host of a pod slice writes; the others wait for it
             try:
-                self._save(model, point, values)
+                self._save(model, point, values, unchanged or {})
             except Exception as error:  # told to every host, then raised on each
                 failed = error
         if not first_process_says(failed is None):
@@ -110,12 +134,16 @@ class RunSaves:
                 " (its log says why). Fix: a folder every host can write to (gs://)."
             )
 
-    def _save(self, model, point: ResumePoint, values) -> None:
+    def _save(self, model, point: ResumePoint, values, unchanged: dict) -> None:
         variables = _state(model)
         if values is None:
-            values = [np.asarray(v.value) for v in variables]
+            values = [
+                None if i in unchanged else np.asarray(v.value) for i, v in enumerate(variables)
+            ]
+        arrays = {f"arr_{i}": value for i, value in enumerate(values) if i not in unchanged}
+        marks = [[i, *unchanged[i]] for i in sorted(unchanged)]  # index, fingerprint
         buffer = io.BytesIO()
-        np.savez(buffer, *values)
+        np.savez(buffer, **arrays, unchanged=np.array(marks, np.int64).reshape(-1, 3))
         name = f"state-{point.epoch}-{point.step}.npz"
         self._write(name, buffer.getvalue())
         before = self.latest()
@@ -162,8 +190,10 @@ class RunSaves:
         for name in (latest["file"], latest.get("previous")):  # the newest whole one
             arrays = self._read(name, len(variables)) if name else None
             if arrays is not None:
+                self._check_as_built(variables, arrays, name)
                 for variable, array in zip(variables, arrays, strict=True):
-                    variable.assign(array)
+                    if not isinstance(array, tuple):  # a fingerprint: left as built
+                        variable.assign(array)
                 epoch, step = (int(n) for n in name[len("state-") : -len(".npz")].split("-"))
                 return ResumePoint(epoch, step)
         raise CheckpointMismatchError(
@@ -172,14 +202,33 @@ class RunSaves:
             " folder again if it was copied, or pass a new folder to start afresh."
         )
 
+    def _check_as_built(self, variables, arrays, name: str) -> None:
+        """Refuse a model whose variables left out of save ``name`` (their fingerprints in
+        ``arrays``) hold other values than the run's did."""
+        from tpu_helpers.keras3.steps import fingerprints
+
+        left = [i for i, a in enumerate(arrays) if isinstance(a, tuple)]
+        now = fingerprints([variables[i].value for i in left])
+        differ = [variables[i].path for i, f in zip(left, now, strict=True) if f != arrays[i]]
+        if differ:
+            raise CheckpointMismatchError(
+                f"{self.directory}/{name} leaves out {len(left)} frozen variable(s) the run"
+                f" had not changed, and this model holds other values in {len(differ)} of"
+                f" them ({', '.join(differ[:3])}): it was built from another checkpoint, or"
+                " drew them at random. Fix: build the model as the run did (the same"
+                " checkpoint; keras.utils.set_random_seed before building), or a new folder."
+            )
+
     def _read(self, name: str, count: int) -> list | None:
-        """The ``count`` arrays of state file ``name``, or ``None`` (said) when it is
-        missing or cannot be read whole."""
+        """The ``count`` arrays of state file ``name`` (a fingerprint, ``(a, b)``, for each
+        variable the save left out), or ``None`` (said) when it is missing or cannot be
+        read whole."""
         path = f"{self.directory}/{name}"
         try:
             with self.gfile.GFile(path, "rb") as f:
                 saved = np.load(io.BytesIO(f.read()))
-                return [saved[f"arr_{i}"] for i in range(count)]
+                left = {int(i): (int(a), int(b)) for i, a, b in saved.get("unchanged", [])}
+                return [left[i] if i in left else saved[f"arr_{i}"] for i in range(count)]
         except Exception as err:  # noqa: BLE001 - missing, truncated, not a zip, short
             self.log(
                 f"[keras3] {path} cannot be read ({type(err).__name__}: {first_line(err)});"
@@ -236,10 +285,11 @@ class JaxTrainer:
     def open(self, directory: str, run: dict, epochs: int) -> tuple[int, int]:
         self.saves, self.epochs = RunSaves(directory, run, self.log), epochs
         new = self.saves.latest() is None
+        self.as_built = self.saves.as_built(self.model)  # what saves may leave out, unchanged
         point = self.saves.restore(self.model)
         same_on_every_process([new, point.epoch, point.step], "the save to resume from")
         if new:  # the start: what a re-run after an interrupt reads
-            self.saves.save(self.model, ResumePoint(0, 0))
+            self.saves.save(self.model, ResumePoint(0, 0), unchanged=self.as_built)
         self.first_epoch, self.compiled = point.epoch, sum(self.steps.compiles.values())
         return point.epoch, point.step
 
@@ -292,8 +342,9 @@ class JaxTrainer:
         return self.steps.results(self.state[3]).get("loss")
 
     def save(self, epoch: int, step: int) -> None:
-        values = self.steps.saved_values(self.state) if self.writer else None
-        self.saves.save(self.model, ResumePoint(epoch, step), values)
+        unchanged = self.steps.unchanged(self.state, self.as_built)  # on every process
+        values = self.steps.saved_values(self.state, unchanged) if self.writer else None
+        self.saves.save(self.model, ResumePoint(epoch, step), values, unchanged)
 
     def finish(self) -> None:
         if self.hooks is not None:
