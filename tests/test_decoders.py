@@ -231,6 +231,42 @@ def test_the_merged_export_is_w_plus_scaled_a_b_and_loads_back(fixtures_dir, tmp
     )
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_peft_adapter_adds_what_the_merged_export_added(fixtures_dir, tmp_path, name):
+    """LoRA on every projection of the attention and the MLP: for each module, PEFT's
+    ``lora_B @ lora_A`` times its pattern's ``alpha / r`` equals what ``save_merged`` added to
+    the hub's weight (two ways to the same delta: Keras' factors reshaped here, the merged
+    kernel through KerasHub's converter there); a model without LoRA is refused."""
+    from safetensors.numpy import load_file
+
+    folder = fixtures_dir / name
+    lm = load(folder)
+    with pytest.raises(InputError, match="no LoRA layers.*Fix"):
+        decoders.save_adapter(lm, tmp_path / "none", "org/base")
+    assert not (tmp_path / "none").exists()
+    lm.backbone.enable_lora(3, target_layer_names=[*decoders.HUB_MODULES])
+    rng = np.random.default_rng(1)
+    for variable in lm.backbone.trainable_weights:  # as after some training
+        variable.assign(0.05 * rng.standard_normal(variable.shape).astype("float32"))
+    decoders.save_merged(lm, folder, tmp_path / "merged")
+    names = decoders.save_adapter(lm, tmp_path / "adapter", "hf://org/base")
+    assert names == ["adapter_config.json", "adapter_model.safetensors"]
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "org/base" and config["peft_type"] == "LORA"
+    adapter = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    merged, base = hub_tensors(tmp_path / "merged"), hub_tensors(folder)
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    assert len(adapter) == 2 * 7 * layers
+    for key in sorted(k for k in adapter if k.endswith("lora_A.weight")):
+        module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+        short = module.rsplit(".", 1)[1]
+        a, b = adapter[key].astype(np.float64), adapter[key.replace("lora_A", "lora_B")]
+        delta = b @ a * config["alpha_pattern"][short] / config["rank_pattern"][short]
+        added = merged[f"{module}.weight"] - base[f"{module}.weight"]
+        assert config["rank_pattern"][short] == a.shape[0] and b.shape[1] == a.shape[0]
+        assert np.abs(delta - added).max() < 1e-5 * max(1.0, np.abs(added).max()), module
+
+
 def test_an_export_into_another_models_folder_is_refused_and_loses_nothing(fixtures_dir, tmp_path):
     lm = load(fixtures_dir / "tiny-qwen3")
     other = tmp_path / "other"

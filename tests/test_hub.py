@@ -56,6 +56,15 @@ def distilbert():
     return tiny_masked_lm("distilbert")
 
 
+def test_a_transposed_view_is_written_as_its_values(tmp_path):
+    """safetensors writes an array's buffer, strides ignored: the hub writer hands it
+    C-ordered copies, so a weight transposed into PyTorch's layout is written as it reads."""
+    kernel = np.arange(12, dtype=np.float32).reshape(3, 4)
+    hub.write_hub_weights({"w": kernel.T, "b": kernel[:, ::2]}, tmp_path)
+    back = load_file(tmp_path / "model.safetensors")
+    assert np.array_equal(back["w"], kernel.T) and np.array_equal(back["b"], kernel[:, ::2])
+
+
 @pytest.mark.parametrize("layout", fixtures.LAYOUTS)
 def test_every_layout_loads_every_weight_as_saved(tmp_path, distilbert, layout):
     folder = save(tmp_path / layout, distilbert, layout)

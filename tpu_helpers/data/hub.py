@@ -253,6 +253,7 @@ def write_hub_weights(tensors: dict, folder, max_shard_bytes: int | None = None)
     """Write ``tensors`` (PyTorch name -> array in PyTorch's layout) to ``folder`` as the
     hub serves them: ``model.safetensors`` (metadata ``format: pt``), or shards of at most
     ``max_shard_bytes`` with ``model.safetensors.index.json``. Returns the files written."""
+    import numpy as np
     from safetensors.numpy import save_file
 
     folder = Path(folder)
@@ -270,6 +271,9 @@ def write_hub_weights(tensors: dict, folder, max_shard_bytes: int | None = None)
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
     for name, shard in zip(names, shards, strict=True):
+        # safetensors (0.8) writes an array's buffer as it lies, strides ignored: a
+        # transposed view would be written as its untransposed self
+        shard = {key: np.ascontiguousarray(array) for key, array in shard.items()}
         save_file(shard, str(folder / name), metadata={"format": "pt"})
     if len(shards) > 1:
         index = {

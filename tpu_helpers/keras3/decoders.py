@@ -13,6 +13,7 @@ beside its page, where the stock way has no answer.
 ``check_model_axis``        a model axis that divides the query and key-value heads
 ``replicated_weights``      large weights a layout map left whole on every device
 ``save_merged``             a LoRA-tuned ``CausalLM`` back in the hub's layout, LoRA merged
+``save_adapter``            its LoRA factors alone, as a PEFT adapter of the base checkpoint
 ==========================  ==============================================================
 
 >>> plan = memory_plan(params=600_000_000, dtype="bfloat16", lora_params=2_000_000,
@@ -47,6 +48,7 @@ __all__ = [
     "check_model_axis",
     "replicated_weights",
     "save_merged",
+    "save_adapter",
 ]
 
 #: The families of ``model_type`` whose KerasHub converter, merged export and NumPy reference
@@ -56,6 +58,16 @@ DECODER_FAMILIES = ("qwen3", "llama")
 #: default), and the gated MLP's three projections.
 LORA_ATTENTION = ("query", "value")
 LORA_MLP = ("feedforward_gate_dense", "feedforward_intermediate_dense", "feedforward_output_dense")
+#: Each of those layers' module in the hub's (transformers') Qwen 3 and Llama models.
+HUB_MODULES = {
+    "query": "self_attn.q_proj",
+    "key": "self_attn.k_proj",
+    "value": "self_attn.v_proj",
+    "attention_output": "self_attn.o_proj",
+    "feedforward_gate_dense": "mlp.gate_proj",
+    "feedforward_intermediate_dense": "mlp.up_proj",
+    "feedforward_output_dense": "mlp.down_proj",
+}
 
 #: High-bandwidth memory of one TPU v5e chip (Colab's v5e-1, Kaggle's v5e-8).
 V5E_CHIP_BYTES = 16 * 1024**3
@@ -441,3 +453,89 @@ def _to_hub_layout(value: np.ndarray, hook, shape: tuple, name: str) -> np.ndarr
         " transpose, so it cannot be written back in the hub's layout. Fix: save the model in"
         " the Keras format (causal_lm.save_to_preset(folder))."
     )
+
+
+def save_adapter(causal_lm, folder, base_model: str) -> list[str]:
+    """Write the LoRA factors of ``causal_lm`` (KerasHub's, after ``enable_lora`` and
+    training) into ``folder`` (local or ``gs://``) as a PEFT adapter of ``base_model`` (the
+    hub name of the checkpoint it was read from): ``adapter_model.safetensors`` and
+    ``adapter_config.json``, which PEFT, and servers that take PEFT adapters, load onto the
+    base model. Returns the files written.
+
+    Keras factors a kernel of the attention's query, key or value, ``[hidden, heads,
+    head_dim]``, as ``A [hidden, heads, rank] @ B [rank, head_dim]``: a rank of its own for
+    each head, sharing ``B``. In PEFT's form, ``B' @ A'`` on the flattened weight, that is
+    a rank of ``heads * rank`` with a block-diagonal ``B'``; the config's ``rank_pattern``
+    and ``alpha_pattern`` give each module its rank and the scale Keras used
+    (``lora_alpha / rank``). Every other kernel's factors are PEFT's, transposed."""
+    from safetensors.numpy import save_file
+
+    tensors, ranks, alphas = {}, {}, {}
+    for layer in causal_lm.backbone._flatten_layers(include_self=False):
+        if not getattr(layer, "lora_enabled", False):
+            continue
+        path = layer.path.split("/")
+        module = f"model.layers.{path[0].rsplit('_', 1)[1]}.{HUB_MODULES[path[-1]]}"
+        a, b = (np.asarray(w.value, np.float32) for w in (layer.lora_kernel_a, layer.lora_kernel_b))
+        a_hub, b_hub = _peft_factors(path[-1], a, b)
+        # safetensors writes an array's buffer as it lies: a transposed view needs a copy
+        tensors[f"base_model.model.{module}.lora_A.weight"] = np.ascontiguousarray(a_hub)
+        tensors[f"base_model.model.{module}.lora_B.weight"] = np.ascontiguousarray(b_hub)
+        name = HUB_MODULES[path[-1]].split(".")[1]
+        ranks[name] = int(a_hub.shape[0])
+        alphas[name] = float(layer.lora_alpha / layer.lora_rank * a_hub.shape[0])
+    if not tensors:
+        raise InputError(
+            "The model has no LoRA layers. Fix: causal_lm.backbone.enable_lora(rank) before"
+            " training, or decoders.save_merged for a model tuned whole."
+        )
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model.removeprefix("hf://"),
+        "r": min(ranks.values()),
+        "lora_alpha": alphas[min(ranks, key=ranks.get)],
+        "rank_pattern": ranks,
+        "alpha_pattern": alphas,
+        "target_modules": sorted(ranks),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+    }
+    return _write_files(
+        str(folder),
+        lambda local: save_file(
+            tensors, str(local / "adapter_model.safetensors"), {"format": "pt"}
+        ),
+        {"adapter_config.json": json.dumps(config, indent=2, sort_keys=True)},
+    )
+
+
+def _peft_factors(kind: str, a, b):
+    """PEFT's ``(lora_A [rank', in], lora_B [out, rank'])`` of Keras' factors ``a``, ``b``
+    of the layer ``kind``, in transformers' layout of its weight (``[out, in]``)."""
+    if kind in ("query", "key", "value"):  # a [hidden, heads, r], b [r, head_dim]
+        hidden, heads, rank = a.shape
+        a_hub = a.transpose(1, 2, 0).reshape(heads * rank, hidden)  # rows (head, r)
+        return a_hub, np.kron(np.eye(heads, dtype=np.float32), b.T)  # [heads*head_dim, heads*r]
+    return a.reshape(-1, a.shape[-1]).T, b.T  # inputs first, then the output axis
+
+
+def _write_files(folder: str, write_weights, texts: dict) -> list[str]:
+    """Write into ``folder`` (local, or a bucket through a local copy) the weights that
+    ``write_weights(local folder)`` writes and the ``texts``; returns the names."""
+    import tempfile
+
+    from tpu_helpers.core import storage
+
+    with tempfile.TemporaryDirectory() as local:
+        write_weights(Path(local))
+        for name, text in texts.items():
+            (Path(local) / name).write_text(text)
+        names = sorted(p.name for p in Path(local).iterdir())
+        gfile = storage.gfile()
+        gfile.makedirs(folder)
+        for name in names:
+            gfile.copy(f"{local}/{name}", f"{folder.rstrip('/')}/{name}", overwrite=True)
+    return names
