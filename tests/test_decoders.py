@@ -243,6 +243,9 @@ def test_the_peft_adapter_adds_what_the_merged_export_added(fixtures_dir, tmp_pa
     lm = load(folder)
     with pytest.raises(InputError, match="no LoRA layers.*Fix"):
         decoders.save_adapter(lm, tmp_path / "none", "org/base")
+    other = type("GemmaLike", (), {"backbone": keras.layers.Dense(2)})  # kernels laid out otherwise
+    with pytest.raises(InputError, match="not of a Dense.*Fix: decoders.save_merged"):
+        decoders.save_adapter(other, tmp_path / "none", "org/base")
     assert not (tmp_path / "none").exists()
     lm.backbone.enable_lora(3, target_layer_names=[*decoders.HUB_MODULES])
     rng = np.random.default_rng(1)

@@ -135,6 +135,33 @@ def test_the_masked_lm_head_read_from_the_hubs_files_computes_transformers_logit
         assert max_logit_gap(model, features, ref["logits_after_step"]) < AFTER_STEP_TOLERANCE
 
 
+def test_fingerprints_see_any_change_and_not_where_the_array_lies():
+    """What a save keeps of a frozen weight: a flipped sign, two elements swapped, one bit
+    of a bfloat16, bool or int8 array each change it; a copy split over 8 devices along
+    its second axis has the same one (computed in place, nothing gathered)."""
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from tpu_helpers.keras3.steps import fingerprints
+
+    x = (np.arange(64 * 64, dtype=np.float32).reshape(64, 64) - 2000) / 7
+    flipped, swapped = x.copy(), x.copy()
+    flipped[3, 5], flipped[7, 1] = -flipped[3, 5], -flipped[7, 1]
+    swapped[0, 0], swapped[63, 63] = x[63, 63], x[0, 0]
+    ints = (np.arange(300) % 128).astype(np.int8)
+    arrays = [x, -x, flipped, swapped, jnp.asarray(x, jnp.bfloat16), ints, ints.astype(bool)]
+    changed = [
+        jnp.asarray(x, jnp.bfloat16).at[9, 9].add(1),
+        np.where(np.arange(300) == 5, ints + 1, ints).astype(np.int8),
+        np.arange(300) % 2 == 1,
+    ]
+    prints = fingerprints(arrays + changed)
+    assert len(set(prints)) == len(prints), prints
+    mesh = Mesh(np.array(jax.devices()[:8]), ("d",))
+    split = jax.device_put(x, NamedSharding(mesh, PartitionSpec(None, "d")))
+    assert fingerprints([split, x]) == [prints[0], prints[0]]
+
+
 def test_a_family_without_a_masked_lm_head_is_refused_with_a_fix_on_this_runtime(fixtures_dir):
     """Continued pretraining of a family whose masked-LM head the engine does not build
     (ELECTRA's is a generator) is refused before any weight is read, naming the families

@@ -470,20 +470,7 @@ def save_adapter(causal_lm, folder, base_model: str) -> list[str]:
     (``lora_alpha / rank``). Every other kernel's factors are PEFT's, transposed."""
     from safetensors.numpy import save_file
 
-    tensors, ranks, alphas = {}, {}, {}
-    for layer in causal_lm.backbone._flatten_layers(include_self=False):
-        if not getattr(layer, "lora_enabled", False):
-            continue
-        path = layer.path.split("/")
-        module = f"model.layers.{path[0].rsplit('_', 1)[1]}.{HUB_MODULES[path[-1]]}"
-        a, b = (np.asarray(w.value, np.float32) for w in (layer.lora_kernel_a, layer.lora_kernel_b))
-        a_hub, b_hub = _peft_factors(path[-1], a, b)
-        # safetensors writes an array's buffer as it lies: a transposed view needs a copy
-        tensors[f"base_model.model.{module}.lora_A.weight"] = np.ascontiguousarray(a_hub)
-        tensors[f"base_model.model.{module}.lora_B.weight"] = np.ascontiguousarray(b_hub)
-        name = HUB_MODULES[path[-1]].split(".")[1]
-        ranks[name] = int(a_hub.shape[0])
-        alphas[name] = float(layer.lora_alpha / layer.lora_rank * a_hub.shape[0])
+    tensors, ranks, alphas = _adapter_tensors(causal_lm)
     if not tensors:
         raise InputError(
             "The model has no LoRA layers. Fix: causal_lm.backbone.enable_lora(rank) before"
@@ -510,6 +497,36 @@ def save_adapter(causal_lm, folder, base_model: str) -> list[str]:
         ),
         {"adapter_config.json": json.dumps(config, indent=2, sort_keys=True)},
     )
+
+
+def _adapter_tensors(causal_lm) -> tuple[dict, dict, dict]:
+    """PEFT's tensors of ``causal_lm``'s LoRA layers, and each module's rank and alpha."""
+    kind = type(causal_lm.backbone).__name__
+    if not kind.startswith(("Qwen3", "Llama")):  # other families lay their kernels out otherwise
+        raise InputError(
+            f"save_adapter writes the adapters of Qwen 3 and Llama models, not of a {kind}."
+            " Fix: decoders.save_merged writes the tuned model whole."
+        )
+    tensors, ranks, alphas = {}, {}, {}
+    for layer in causal_lm.backbone._flatten_layers(include_self=False):
+        if not getattr(layer, "lora_enabled", False):
+            continue
+        path = layer.path.split("/")
+        if path[-1] not in HUB_MODULES:
+            raise InputError(
+                f"LoRA on {layer.path}, whose module in the hub's model is not known here"
+                f" (LoRA layers: {', '.join(HUB_MODULES)}). Fix: enable_lora on those."
+            )
+        module = f"model.layers.{path[0].rsplit('_', 1)[1]}.{HUB_MODULES[path[-1]]}"
+        a, b = (np.asarray(w.value, np.float32) for w in (layer.lora_kernel_a, layer.lora_kernel_b))
+        a_hub, b_hub = _peft_factors(path[-1], a, b)
+        # safetensors writes an array's buffer as it lies: a transposed view needs a copy
+        tensors[f"base_model.model.{module}.lora_A.weight"] = np.ascontiguousarray(a_hub)
+        tensors[f"base_model.model.{module}.lora_B.weight"] = np.ascontiguousarray(b_hub)
+        name = HUB_MODULES[path[-1]].split(".")[1]
+        ranks[name] = int(a_hub.shape[0])
+        alphas[name] = float(layer.lora_alpha / layer.lora_rank * a_hub.shape[0])
+    return tensors, ranks, alphas
 
 
 def _peft_factors(kind: str, a, b):

@@ -425,10 +425,11 @@ def variable_values(model, optimizer=None) -> tuple:
 
 
 def fingerprints(arrays) -> list[tuple[int, int]]:
-    """Two 32-bit sums of each array's bits, the second weighted by position, computed
-    where the arrays are (one program over the devices holding them; with several JAX
-    processes every one calls it): a changed element changes them. What a save records of
-    a large variable the run has left as it was built, in place of its values."""
+    """Two 32-bit sums of a hash of each element's bits and place, computed where the
+    arrays are (one program over the devices holding them; with several JAX processes
+    every one calls it): a change of any elements, a sign flipped or two swapped, leaves
+    them as they were about once in 2**64. What a save records of a large variable the run
+    has left as it was built, in place of its values."""
     import jax
 
     if not arrays:
@@ -439,25 +440,41 @@ def fingerprints(arrays) -> list[tuple[int, int]]:
 
 @functools.cache
 def _bit_sums():
-    """The jitted ``[arrays] -> [n, 2] uint32`` of ``fingerprints`` (compiled per shapes)."""
+    """The jitted ``[arrays] -> [n, 2] uint32`` of ``fingerprints``: two wrapping sums of a
+    32-bit hash of each element's bits and place, computed in the array's own shape (a
+    sharded array stays where it lies: partial sums, then a sum of scalars)."""
     import jax
     import jax.numpy as jnp
 
-    def words(array):  # each element's bits as uint32 words
-        flat = jnp.ravel(array)
-        if flat.dtype == jnp.bool_:
-            flat = flat.astype(jnp.uint8)
-        if flat.dtype.itemsize >= 4:
-            return jnp.ravel(jax.lax.bitcast_convert_type(flat, jnp.uint32))
-        unsigned = {1: jnp.uint8, 2: jnp.uint16}[flat.dtype.itemsize]
-        return jax.lax.bitcast_convert_type(flat, unsigned).astype(jnp.uint32)
+    def mix(x):  # a 32-bit integer hash: each bit of x moves about half the result's bits
+        x = (x ^ (x >> 16)) * jnp.uint32(0x7FEB352D)
+        x = (x ^ (x >> 15)) * jnp.uint32(0x846CA68B)
+        return x ^ (x >> 16)
+
+    def words(array):  # each element's bits as one uint32
+        if array.dtype == jnp.bool_:
+            array = array.astype(jnp.uint8)
+        size = array.dtype.itemsize
+        if size < 4:
+            unsigned = {1: jnp.uint8, 2: jnp.uint16}[size]
+            return jax.lax.bitcast_convert_type(array, unsigned).astype(jnp.uint32)
+        bits = jax.lax.bitcast_convert_type(array, jnp.uint32)  # 8 bytes: a last axis of 2
+        return bits if size == 4 else bits[..., 0] ^ mix(bits[..., 1])
+
+    def place(shape):  # each element's index in the flattened array (mod 2**32)
+        index, stride = jnp.zeros(shape, jnp.uint32), 1
+        for axis in reversed(range(len(shape))):
+            step = jnp.uint32(stride % 2**32)
+            index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * step
+            stride *= shape[axis]
+        return index
 
     def sums(arrays):
         out = []
         for array in arrays:
-            bits = words(array)
-            place = jnp.arange(bits.size, dtype=jnp.uint32) % 65521 + 1
-            out.append(jnp.stack([jnp.sum(bits), jnp.sum(bits * place)]))
+            hashed = mix(words(array) ^ mix(place(array.shape) + jnp.uint32(0x9E3779B9)))
+            second = mix(hashed + jnp.uint32(0x632BE5AB))
+            out.append(jnp.stack([jnp.sum(h, dtype=jnp.uint32) for h in (hashed, second)]))
         return jnp.stack(out)
 
     return jax.jit(sums)
