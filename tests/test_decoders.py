@@ -460,11 +460,11 @@ def test_a_resume_onto_other_frozen_weights_is_refused_naming_them(fixtures_dir,
             optimizer=keras.optimizers.SGD(1e-3),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
-        ids = np.arange(64, dtype="int32").reshape(4, 16) % 200 + 5
-        batches = pipeline.from_arrays(
+        ids = np.arange(128, dtype="int32").reshape(8, 16) % 200 + 5
+        batches = pipeline.from_arrays(  # 8 rows: whatever devices the session has set
             {"token_ids": ids, "segment_ids": np.ones_like(ids)},
             np.roll(ids, -1, 1),
-            global_batch=4,
+            global_batch=8,
         ).with_transform(  # a weight per label, as notebook 10's
             lambda ds: ds.map(
                 lambda x, y, w: (x, y, keras.ops.ones_like(y, "float32") * w[:, None])

@@ -17,8 +17,8 @@
 #   keras3  the Keras 3 engine on a stack shaped like Kaggle's TPU image (Python 3.12, JAX
 #           0.10): its tests at eight devices (a v5e-8), the two-process pod-slice
 #           rehearsals, main-track notebooks 00, 01 (its sentence-pair variant), 04 (on
-#           Swin), 07 (on DeBERTa-v3) and 10 (on Llama 3, a 2 x 4 mesh) at eight (the rest
-#           on the Colab leg; the other variants with tools/run.sh --variants).
+#           Swin) and 10 (on Llama 3, a 2 x 4 mesh) at eight (the rest on the Colab leg;
+#           the other variants with tools/run.sh --variants).
 #   colab   the Keras 3 engine on a stack shaped like Colab's TPU runtime as it ships
 #           (Python 3.13, JAX 0.7.2, Keras 3.13.2 before the install cell, transformers
 #           5.15, no TensorFlow, no PyTorch): its tests at eight devices, the main
@@ -215,18 +215,22 @@ keras3_leg() {
     -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@" || status=$?
   if [ "$stack" = keras3 ]; then
     # At eight devices (a v5e-8): the notebooks whose batches, models and stock runs are laid
-    # out over the devices by the notebook itself (00, 01, 03, 04) and the packed rows (07).
+    # out over the devices by the notebook itself (00, 01, 03, 04) and the decoder's mesh (10).
     # 02, 05, 06 and 09 run at one device on the Colab-shaped leg and at two in the main
     # job: with the stock runs of 01, 03 and 04 added, the CI rehearsal of 2026-12-06 with
-    # every notebook at eight took about 45 minutes, this leg among the last to end.
+    # every notebook at eight took about 45 minutes, this leg among the last to end. 07 on
+    # DeBERTa-v3 ran here until its padded stock epoch came (83 s of one cell at eight in
+    # the CI rehearsal of 2026-12-06, this leg the last to end): it runs with
+    # tools/run.sh --variants, 07 at one device on the other leg, and the packed rows of
+    # every family at eight in tests/test_keras3_packing.py.
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
       --only 00 --replicas 8 --no-variants || status=$?
-    # 01 on its sentence-pair variant (segment ids laid out too), 04 on Swin, 07 on
-    # DeBERTa-v3 (packed), 10 on Llama 3 over a 2 x 4 mesh: their first runs (single
-    # sentences, ViT, DistilBERT, Qwen 3) are the Colab-shaped leg's, at one device
+    # 01 on its sentence-pair variant (segment ids laid out too), 04 on Swin, 10 on Llama 3
+    # over a 2 x 4 mesh: their first runs (single sentences, ViT, Qwen 3) are the
+    # Colab-shaped leg's, at one device
     local n
     for n in 01_text_classification_fit.pairs 04_image_streaming.swin \
-      07_packed_fine_tuning.deberta 10_decoder_lora_fine_tuning.llama; do
+      10_decoder_lora_fine_tuning.llama; do
       python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
         --only "$n" --replicas 8 || status=$?
     done
