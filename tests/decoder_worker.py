@@ -16,7 +16,7 @@ import numpy as np
 
 from tpu_helpers import keras3
 
-ROWS, WIDTH, BATCH, EPOCHS = 24, 32, 4, 2
+ROWS, WIDTH, BATCH = 24, 32, 4
 
 
 def main():
@@ -29,8 +29,8 @@ def main():
 
     devices = keras3.devices(8)
     import keras
-    from keras3_worker import examples_per_epoch, killer
-    from test_decoders import load, notebook_layout, packed_model
+    from keras3_worker import fit_until_killed
+    from test_decoders import load, notebook_layout, packed_model, per_token_weights
 
     from tpu_helpers.core import pipeline
     from tpu_helpers.keras3 import decoders
@@ -53,21 +53,9 @@ def main():
     labels = np.where(rng.random((ROWS, WIDTH)) < 0.5, np.roll(tokens, -1, 1), -100).astype("int32")
     batches = pipeline.from_arrays(
         {"token_ids": tokens, "segment_ids": segments}, labels, global_batch=BATCH, seed=0
-    ).with_transform(
-        lambda ds: ds.map(lambda x, y, w: (x, y, keras.ops.ones_like(y, "float32") * w[:, None]))
-    )
+    ).with_transform(per_token_weights)
 
-    lines = []
-    history = keras3.fit_resumable(
-        model,
-        batches,
-        EPOCHS,
-        args.dir,
-        every_steps=3,
-        callbacks=[killer(args.kill_at)],
-        log=lines.append,
-    )
-    examples = examples_per_epoch(lines)  # what each epoch line counts: 4 in each row
+    history, examples = fit_until_killed(model, batches, args.dir, args.kill_at)  # 4 a row
     np.savez(args.out, *[np.asarray(v.value) for v in lm.backbone.trainable_weights])
     missed = decoders.replicated_weights(lm, min_elements=512)
     newest = json.loads((Path(args.dir) / "latest.json").read_text())["file"]

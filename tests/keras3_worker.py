@@ -62,6 +62,22 @@ def examples_per_epoch(lines) -> list[int]:
     return [int(m[1].replace(",", "")) for m in map(EXAMPLES.search, lines) if m]
 
 
+def fit_until_killed(model, batches, directory: str, kill_at: int) -> tuple[dict, list[int]]:
+    """``keras3.fit_resumable`` for ``EPOCHS`` epochs, saving every 3 steps, this process
+    killed after step ``kill_at`` (0: never): the history and each epoch line's examples."""
+    lines = []
+    history = keras3.fit_resumable(
+        model,
+        batches,
+        EPOCHS,
+        directory,
+        every_steps=3,
+        callbacks=[killer(kill_at)],
+        log=lines.append,
+    )
+    return history, examples_per_epoch(lines)
+
+
 def as_hosts(batches, hosts, devices):
     """The global batches that ``hosts`` hosts of ``devices // hosts`` devices make together
     from ``batches`` (each its own rows, its own shards), as one process's ``Batches``."""
@@ -124,19 +140,9 @@ def main():
     model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
     keras3.compile_classifier(model, 1e-3, steps_per_execution=2)
 
-    lines = []
-    history = keras3.fit_resumable(
-        model,
-        train,
-        EPOCHS,
-        args.dir,
-        every_steps=3,
-        callbacks=[killer(args.kill_at)],
-        log=lines.append,
-    )
+    history, examples = fit_until_killed(model, train, args.dir, args.kill_at)
     out = args.out.removesuffix(".npz") + (f"-{args.process_id}" if args.process_id else "")
     np.savez(f"{out}.npz", *[np.asarray(v.value) for v in model.weights])
-    examples = examples_per_epoch(lines)
     with open(f"{out}.json", "w") as f:  # with the examples each epoch line counts
         json.dump({**history, "examples_per_epoch": examples}, f)
 

@@ -123,6 +123,11 @@ def packed_model(backbone, segments: bool = False):
     return keras.Model({"token_ids": token_ids, given.name: given}, logits)
 
 
+def per_token_weights(ds):
+    """Notebook 10's ``with_transform``: each row's weight on every one of its labels."""
+    return ds.map(lambda x, y, w: (x, y, keras.ops.ones_like(y, "float32") * w[:, None]))
+
+
 def notebook_layout(mesh):
     """Notebook 10's layout map: heads and the MLP's inner units over ``model``."""
     layout = keras.distribution.LayoutMap(mesh)
@@ -465,11 +470,7 @@ def test_a_resume_onto_other_frozen_weights_is_refused_naming_them(fixtures_dir,
             {"token_ids": ids, "segment_ids": np.ones_like(ids)},
             np.roll(ids, -1, 1),
             global_batch=8,
-        ).with_transform(  # a weight per label, as notebook 10's
-            lambda ds: ds.map(
-                lambda x, y, w: (x, y, keras.ops.ones_like(y, "float32") * w[:, None])
-            )
-        )
+        ).with_transform(per_token_weights)
         return keras3.fit_resumable(model, batches, 1, str(tmp_path / "run"), verbose=0)
 
     tuned()
