@@ -1313,3 +1313,35 @@ def test_simulated_devices_run_a_loop_of_all_reduce_steps_without_waiting_for_go
     assert np.isfinite(float(done.stdout.split()[-1]))
     # This process's own devices were made by the leg's environment or by keras3.devices.
     assert int(os.environ.get("PJRT_NPROC", 0)) >= 2 * len(jax.devices()) or len(jax.devices()) == 1
+
+
+@pytest.mark.parametrize("reader", ["keras fit", "fit_resumable"])
+def test_a_corrupt_shard_met_by_keras_own_fit_or_fit_resumable_is_named_with_the_fix(
+    tmp_path, reader
+):
+    """The records' per-shard check stops Keras' own ``fit`` too (on JAX, fed
+    ``batches.dataset()``), naming the shard and the fix; ``fit_resumable`` says where in
+    the run it was met. TensorFlow's own DataLossError names no file."""
+    import tensorflow as tf
+
+    from tpu_helpers.data import records
+
+    rows = [{"x": [float(i)] * 4, "label": i % 2} for i in range(120)]
+    meta = records.write_records(rows, str(tmp_path / "r"), shard_records=40, progress=False)
+    shard = tmp_path / "r" / meta["shards"][1]["file"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, broken CRC
+    shard.write_bytes(bytes(data))
+    # unshuffled: the damage is met mid-epoch, after the first batch's checks
+    batches = records.read_records(str(tmp_path / "r"), global_batch=8, shuffle=False)
+    inputs = keras.Input((4,), name="x")
+    model = keras.Model({"x": inputs}, keras.layers.Dense(2)(inputs))
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    named = rf"{shard.name} ends after \d+ of the 40 records.*Fix: copy the shard again"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=named) as caught:
+        if reader == "keras fit":
+            model.fit(batches.dataset(0), epochs=1, verbose=0)
+        else:
+            keras3.fit_resumable(model, batches, 1, str(tmp_path / "run"), verbose=0)
+    if reader == "fit_resumable":
+        assert str(caught.value).startswith("Read in epoch 1 after step 0: The record file")

@@ -1,4 +1,5 @@
 import json
+import re
 import tracemalloc
 from types import SimpleNamespace
 
@@ -715,3 +716,60 @@ def test_files_without_metadata_are_read_whole_at_the_widest_width(tmp_path, cap
     assert {width for width, _ in batches} == {64}
     assert sum(float(w.sum()) for _, w in batches) == 400
     assert "padded to the widest" in out
+
+
+def _claim_one_more_record(folder, shard: int) -> str:
+    """Edit the metadata so that ``shard`` is said to hold one record more than it does (a
+    shard replaced by a shorter one, or a count edited by hand); returns the shard's file."""
+    path = folder / "train.metadata.json"
+    meta = json.loads(path.read_text())
+    meta["shards"][shard]["num_records"] += 1
+    meta["num_records"] += 1
+    for counts in (meta["shards"][shard].get("lengths") or {}).values():
+        counts[next(iter(counts))] += 1
+    path.write_text(json.dumps(meta))
+    return meta["shards"][shard]["file"]
+
+
+@pytest.mark.parametrize("damage", ["corrupt record", "fewer records than counted"])
+def test_a_loop_of_ones_own_over_the_batches_meets_the_shard_named_with_the_fix(tmp_path, damage):
+    """Not only fit_resumable: any reader of ``batches.dataset()`` (here a plain loop) is
+    stopped at the damaged shard by a message naming it, its counts and the fix, where
+    TensorFlow would raise a DataLossError naming no file (or the cardinality's count)."""
+    import tensorflow as tf
+
+    shards = _write_shards(tmp_path)
+    if damage == "corrupt record":
+        data = bytearray(open(shards[1], "rb").read())
+        data[len(data) // 2] ^= 0xFF  # same size, broken CRC
+        open(shards[1], "wb").write(bytes(data))
+        name, counts = "train-00001-of-00004.tfrecord", r"\d+ of the 50"
+    else:
+        name, counts = _claim_one_more_record(tmp_path, 2), "50 of the 51"
+    batches = records.read_records(str(tmp_path), global_batch=10, seed=0)
+    rows = 0
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        for _, labels, _ in batches.dataset(0):
+            rows += len(labels)
+    message = str(caught.value)
+    assert re.search(f"{name} ends after {counts} records its metadata counts", message), message
+    assert "Fix: copy the shard again" in message and "on_corrupt=skip" in message
+    assert rows < 200
+
+
+def test_sound_shards_pass_the_count_check_whole_read_one_at_a_time_or_in_parallel(tmp_path):
+    """The per-shard check lets every record of sound shards through once, and no more,
+    whether the shards are read one after the other or interleaved."""
+    meta = records.write_records(_fixed_dataset(30), str(tmp_path), shard_records=7)
+    assert [s["num_records"] for s in meta["shards"]] == [7, 7, 7, 7, 2]
+    for parallel in (1, 3):
+        batches = records.read_records(
+            str(tmp_path), global_batch=4, seed=0, parallel_reads=parallel
+        )
+        idx = [
+            int(x)
+            for f, _, w in batches.dataset(0)
+            for x, v in zip(f["idx"], w, strict=True)
+            if v > 0
+        ]
+        assert sorted(idx) == list(range(30)), parallel

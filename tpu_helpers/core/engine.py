@@ -270,7 +270,7 @@ def fit_with(
                 trainer.save(epoch, step)
                 cadence.restart(step)
 
-        with data_errors_explained(train, f"epoch {epoch + 1} after step {first}"):
+        with data_errors_explained(f"epoch {epoch + 1} after step {first}"):
             logs, done = trainer.train_epoch(train, validation, epoch, first, after_call, callbacks)
         if first + done < steps:  # the data ended first: no save of steps never run
             raise train.ran_out(first + done, f"epoch {epoch + 1} of fit_resumable")
@@ -404,22 +404,28 @@ def predict_with(trainer: Trainer, batches, strategy=None):
 
 
 @contextlib.contextmanager
-def data_errors_explained(batches, where: str):
-    """Re-raise a data error met while reading ``batches`` (a corrupt record, a broken
-    image) with what the pipeline can say of it: the file, and the fix."""
+def data_errors_explained(where: str):
+    """Re-raise a data error met while reading the batches with where it was met: the
+    records' own check (``records.read_records``) names the shard and the fix; a corrupt
+    record of one's own pipeline (TensorFlow's ``DataLossError`` names no file) gets how
+    to find it."""
+    import re
+
     import tensorflow as tf
 
     try:
         yield
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
-        explained = batches.explain_error(err)
-        if isinstance(err, tf.errors.DataLossError) and explained is None:
-            explained = (
-                f"A record file of the training data is corrupt ({first_line(err)});"
-                " TensorFlow does not say which file. Fix: records.verify_records(<metadata"
-                " or folder>) names the shard; copy it again, or read with"
-                " on_corrupt='skip'. The last checkpoint is intact."
-            )
-        if explained is None:
-            raise
+    except tf.errors.DataLossError as err:
+        explained = (
+            f"A record file of the training data is corrupt ({first_line(err)});"
+            " TensorFlow does not say which file. Fix: records.verify_records(<metadata"
+            " or folder>) names the shard; copy it again, or read with on_corrupt='skip'."
+            " The last checkpoint is intact."
+        )
         raise type(err)(err.node_def, err.op, f"Read in {where}: {explained}") from err
+    except tf.errors.InvalidArgumentError as err:
+        named = re.search(r"assertion failed: \[(The record file .*?)\]\n", str(err), re.S)
+        if named is None:
+            raise
+        explained = f"Read in {where}: {named.group(1)} The last checkpoint is intact."
+        raise type(err)(err.node_def, err.op, explained) from err

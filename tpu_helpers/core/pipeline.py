@@ -164,7 +164,6 @@ class Batches:
     name: str = "batches"
     reads_per_host: bool = False
     steps_for: Callable[[int, int], int] | None = field(default=None, repr=False)
-    explain: Callable[[BaseException], str | None] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         for name in ("steps_per_epoch", "global_batch"):
@@ -400,11 +399,6 @@ class Batches:
                 f" ({shown(widths)}). Fix: pad every per-token column of a row to the same"
                 " width (one tokenizer call with padding)."
             )
-
-    def explain_error(self, err: BaseException) -> str | None:
-        """What a data error met while reading means and its fix (a corrupt record names
-        its shard), or ``None``."""
-        return self.explain(err) if self.explain is not None else None
 
 
 def _shape_text(shape) -> str:

@@ -256,7 +256,7 @@ class CustomLoop:
                 metric.reset_state()
             dataset = train.distribute(self.strategy, epoch, skip_steps=done)
             where = f"epoch {epoch + 1} after step {self.step}"
-            with data_errors_explained(train, where):
+            with data_errors_explained(where):
                 self._train_epoch(dataset, done, end, checkpoint_every, log)
             if end < steps_per_epoch:
                 log(f"stopped at step {self.step} (max_steps={max_steps}), in epoch {epoch + 1}")

@@ -27,7 +27,6 @@ from tpu_helpers.data.records.source import (
     RecordSource,
     open_records,
     scan_shard,
-    shard_problem,
     spec_to_tf,
 )
 
@@ -88,16 +87,41 @@ def _batch_maker(source: RecordSource, rows: int, label_column: str | None):
     return parse
 
 
-def _file_reader(names, compression: str):
-    """The records of the files ``names`` (a string vector), one file after another, read
-    by one reader op: ``tf.data.TFRecordDataset`` wraps each file in a ``flat_map``, whose
-    function every new iterator instantiates again (a few milliseconds per width)."""
+def _checked_shard(path, expected, compression: str):
+    """The ``expected`` records of one shard (its metadata's count), or an error that names
+    it: a shard that ends early (a corrupt record, a file cut short or replaced) stops the
+    stream with an ``InvalidArgumentError`` naming the shard and the fix, in whatever reads
+    it (``fit_resumable``, Keras' own ``fit``, a loop of one's own), before any record
+    after the damage; TensorFlow's own ``DataLossError`` names no file. No function runs
+    per record: the records are taken up to the count, and only a shard that ends first
+    reaches the dataset that fails."""
     import tensorflow as tf
 
-    variant = tf.raw_ops.TFRecordDataset(
-        filenames=names, compression_type=compression, buffer_size=256 * 1024
-    )
-    return tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string))
+    records = tf.data.TFRecordDataset(path, compression, buffer_size=256 * 1024)
+    records = records.ignore_errors().take(expected)  # a read error ends the shard there
+
+    def fail(_):
+        got = records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)  # read again
+        counts = tf.strings.as_string([got, expected])
+        message = tf.strings.join(
+            [
+                "The record file ",
+                path,
+                " ends after ",
+                counts[0],
+                " of the ",
+                counts[1],
+                " records its metadata counts (a corrupt record, or a file cut short or"
+                " replaced; records.verify_records names the problem). Fix: copy the shard"
+                " again (or write the split again), or leave it out: read_records or"
+                " open_records with on_corrupt=skip.",
+            ]
+        )
+        tf.debugging.Assert(False, [message])
+        return tf.constant("", tf.string)
+
+    short = tf.data.Dataset.from_tensors(0).map(fail)
+    return records.concatenate(short).take(expected)
 
 
 def _seed(seed: int, epoch, salt: int):
@@ -193,7 +217,6 @@ def _batches(source: RecordSource, one_host, reading, label_column, global_batch
         name=f"records of {source.shards[0].path.rsplit('/', 1)[0]}",
         reads_per_host=True,
         steps_for=reading.steps_for,
-        explain=reading.explain,
     )
 
 
@@ -292,24 +315,6 @@ class _Reading:
             ds = self.transform(ds)
         return _with_read_options(ds, input_context)
 
-    def explain(self, err: BaseException) -> str | None:
-        """A corrupt record (``DataLossError``): which shard, found by reading them."""
-        import tensorflow as tf
-
-        if not isinstance(err, tf.errors.DataLossError):
-            return None
-        bad = []
-        for shard in self.source.shards:
-            _, problem = shard_problem(shard, self.source.compression)
-            if problem:
-                bad.append(f"{shard.path}: {problem}")
-        named = "; ".join(bad[:3]) if bad else "no shard fails a read-through now"
-        return (
-            f"A record file of the training data is corrupt ({named}). Fix: copy the shard"
-            " again (or write the split again), or open_records(..., on_corrupt='skip')"
-            " to leave it out. The last checkpoint is intact."
-        )
-
 
 def _pipelines(input_context) -> tuple[int, int, int]:
     """(input pipelines, this one's index, replicas it feeds)."""
@@ -356,18 +361,26 @@ class _EpochReader:
     shuffle_buffer: int
     parallel_reads: int
 
-    def _files(self, names):
+    @property
+    def counts(self) -> dict:
+        """Each shard's records, by path (``read_records`` counts files without metadata)."""
+        return {shard.path: shard.num_records for shard in self.source.shards}
+
+    def _files(self, names, expected):
+        """The records of the shards ``names``, each held to its ``expected`` count."""
         import tensorflow as tf
 
         compression = self.source.compression or ""
+        files = tf.data.Dataset.from_tensor_slices((names, expected))
+        read = lambda path, count: _checked_shard(path, count, compression)  # noqa: E731
         if self.parallel_reads > 1 and int(names.shape[0]) > 1:
-            return tf.data.Dataset.from_tensor_slices(names).interleave(
-                lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+            return files.interleave(
+                read,
                 cycle_length=min(self.parallel_reads, int(names.shape[0])),
                 num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=True,
             )
-        return _file_reader(names, compression)
+        return files.flat_map(read)
 
     def width_batches(self, slot: int, e):
         import tensorflow as tf
@@ -382,9 +395,13 @@ class _EpochReader:
             return fillers.repeat(wanted)  # only with several widths
         salt = (pipeline + 1) * 1000 + slot
         names = tf.constant(list(paths))
+        expected = tf.constant([self.counts[path] for path in paths], tf.int64)
         if self.shuffle:
-            names = tf.random.experimental.stateless_shuffle(names, _seed(self.seed, e, salt))
-        ds = self._files(names)
+            order = tf.random.experimental.stateless_shuffle(
+                tf.range(len(paths)), _seed(self.seed, e, salt)
+            )
+            names, expected = tf.gather(names, order), tf.gather(expected, order)
+        ds = self._files(names, expected)
         if self.shuffle:
             ds = seeded_shuffle(ds, self.shuffle_buffer, _seed(self.seed, e, salt + 500))
         ds = ds.batch(self.batch_size)
