@@ -1,9 +1,14 @@
 import re
+import sys
+from pathlib import Path
 
 import nbformat
 import pytest
 
-from tpu_helpers.teaching.report import METRICS_MIME, build_report, publish_metrics
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from report import build_report  # noqa: E402
+
+from tpu_helpers.teaching.report import METRICS_MIME, publish_metrics  # noqa: E402
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 

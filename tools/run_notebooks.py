@@ -228,10 +228,11 @@ def main(argv: list[str] | None = None) -> int:
             parameters = at_replicas(parameters, args.replicas, params_file.name)
         return {**parameters, **overrides}
 
+    from report import build_report
+
     import tpu_helpers  # noqa: F401  (environment flags)
     from tpu_helpers.runtime import choose_engine, detect_runtime
     from tpu_helpers.teaching.fixtures import build_fixtures
-    from tpu_helpers.teaching.report import build_report
 
     engine = args.engine or choose_engine(detect_runtime()).engine
 
