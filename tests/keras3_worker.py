@@ -26,6 +26,7 @@ import numpy as np
 from tpu_helpers import keras3
 from tpu_helpers.core import pipeline
 from tpu_helpers.data import hub, records, text
+from tpu_helpers.keras3.distribution import simulation_env
 
 EPOCHS, BATCH, ROWS = 2, 16, 96
 EXAMPLES = re.compile(r"epoch \d+: .* ([\d,]+) examples,")  # the engine's epoch line
@@ -113,7 +114,7 @@ def main():
         import jax
 
         os.environ.pop("XLA_FLAGS", None)  # each process's own count, not the leg's 8
-        os.environ.update(keras3.simulation_env(args.devices))
+        os.environ.update(simulation_env(args.devices))
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(
             f"127.0.0.1:{args.port}", num_processes=args.processes, process_id=args.process_id

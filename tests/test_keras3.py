@@ -34,6 +34,8 @@ from tpu_helpers.core.errors import (  # noqa: E402
 )
 from tpu_helpers.core.families import FAMILIES, KERAS3, MLM  # noqa: E402
 from tpu_helpers.keras3.converters import CONVERTERS  # noqa: E402
+from tpu_helpers.keras3.distribution import simulation_env  # noqa: E402
+from tpu_helpers.keras3.models import HEADS  # noqa: E402
 from tpu_helpers.teaching.fixtures import ENGINE_LEARNING_RATE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -656,7 +658,7 @@ def test_an_encoder_saved_without_its_model_prefix_loads_and_is_saved_with_it(
     from safetensors.numpy import load_file, save_file
 
     source = fixtures_dir / "engines" / family
-    prefix = keras3.HEADS[family].prefix + "."
+    prefix = HEADS[family].prefix + "."
     bare = _copy(source, tmp_path / "bare")
     tensors = {}
     for shard in sorted(bare.glob("model*.safetensors")):  # one file or shards: one file
@@ -1301,7 +1303,7 @@ def test_simulated_devices_run_a_loop_of_all_reduce_steps_without_waiting_for_go
         "print(float(w.sum()))\n"
     )
     bare = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PJRT_NPROC")}
-    env = {**bare, **keras3.simulation_env(8, bare)}
+    env = {**bare, **simulation_env(8, bare)}
     assert env["PJRT_NPROC"] == "16"
     try:
         done = subprocess.run(

@@ -10,6 +10,7 @@ import tensorflow as tf
 from tests.conftest import assert_same_batches, numpy_batches, run_python
 from tpu_helpers.data import hub, records
 from tpu_helpers.data.records import RecordsError, encode
+from tpu_helpers.data.records.layout import metadata_path, split_files
 
 
 def _proto(row: dict) -> tf.train.Example:
@@ -46,7 +47,7 @@ def test_encoded_records_equal_protobuf_serialization():
         name: (lambda c: (c[0], c[2], c[3]))(encode.as_column(name, [r[name] for r in rows]))
         for name in rows[0]
     }
-    encoded = records.encode_examples(columns)
+    encoded = encode.encode_examples(columns)
     assert len(encoded) == len(rows)
     for row, data in zip(rows, encoded, strict=True):
         assert tf.train.Example.FromString(data) == _proto(row)
@@ -394,7 +395,7 @@ def test_attention_mask_comes_from_lengths_not_token_values(tmp_path):
 
 # --- writes that fail, overlap or die leave the old split whole --------------------------
 def _read_all(folder, split="train"):
-    source = records.open_records(records.metadata_path(str(folder), split))
+    source = records.open_records(metadata_path(str(folder), split))
     batches = records.read_records(source, global_batch=10, shuffle=False)
     return sum(int(w.numpy().sum()) for _, _, w in batches.dataset())
 
@@ -422,9 +423,7 @@ def test_a_split_name_matches_exactly(tmp_path):
     records.write_records(_fixed_dataset(40), str(tmp_path), split="train")
     records.write_records(_fixed_dataset(20), str(tmp_path), split="train", overwrite=True)
     assert _read_all(tmp_path, "train-aug") == 30 and _read_all(tmp_path, "train") == 20
-    assert records.split_files(str(tmp_path), "train") == [
-        str(tmp_path / "train-00000-of-00001.tfrecord")
-    ]
+    assert split_files(str(tmp_path), "train") == [str(tmp_path / "train-00000-of-00001.tfrecord")]
 
 
 def test_a_second_writer_that_finishes_first_wins_cleanly(tmp_path):

@@ -11,18 +11,15 @@ from tpu_helpers.runtime.env import prepare_environment as _prepare_environment
 
 _prepare_environment()
 
-from tpu_helpers.runtime import RuntimeFacts, detect_runtime, install, install_commands  # noqa: E402
+from tpu_helpers.runtime import detect_runtime, install  # noqa: E402
 from tpu_helpers.runtime.doctor import doctor  # noqa: E402
-from tpu_helpers.tf_engine.strategy import connect, describe  # noqa: E402
+from tpu_helpers.tf_engine.strategy import connect  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "RuntimeFacts",
     "connect",
-    "describe",
     "detect_runtime",
     "doctor",
     "install",
-    "install_commands",
 ]

@@ -32,12 +32,9 @@ Every path goes through ``tf.io.gfile``: a local folder, ``gs://bucket/prefix`` 
 
 from __future__ import annotations
 
-from tpu_helpers.data.records.encode import encode_examples
 from tpu_helpers.data.records.layout import (
     SHARED_SCHEMES,
     RecordsError,
-    metadata_path,
-    split_files,
 )
 from tpu_helpers.data.records.plan import plan_reads
 from tpu_helpers.data.records.read import read_records
@@ -50,10 +47,7 @@ from tpu_helpers.data.records.write import write_records
 
 __all__ = [
     "RecordsError",
-    "metadata_path",
-    "split_files",
     "SHARED_SCHEMES",
-    "encode_examples",
     "write_records",
     "verify_records",
     "open_records",
