@@ -397,6 +397,23 @@ def test_images_round_trip_through_tfrecords(bucket):
     assert not np.allclose(np.concatenate([p for p, _ in shuffled]), pixels)  # augmented
 
 
+def test_a_corrupt_image_record_shard_is_named_to_whatever_reads_it(bucket, tmp_path):
+    """The records' per-shard check covers image records too: a flipped byte stops a plain
+    loop over the batches with the shard's name and the fix, not a DataLossError."""
+    import tensorflow as tf
+
+    paths, labels, _ = bucket
+    meta = images.write_image_records(paths, labels, str(tmp_path), shard_records=4)
+    shard = tmp_path / meta["shards"][1]["file"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, broken CRC
+    shard.write_bytes(bytes(data))
+    batches = images.image_record_batches(str(tmp_path), SPEC, global_batch=3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"{shard.name} ends after \d+ of"):
+        for _ in batches.dataset(0):
+            pass
+
+
 def _plan(kind, paths, labels, global_batch, seed=4):
     """The training ``Batches`` of ``paths`` from files (streamed or cached) or records."""
     if kind == "records":

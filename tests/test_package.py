@@ -252,7 +252,7 @@ def test_no_module_imports_itself_around_a_circle():
 #: Functions of more than 50 lines of code (docstrings not counted), with their length when
 #: this list was made: none may grow, and a new one fails. Split one, and take it off.
 LONG_FUNCTIONS = {
-    "data.images.image_record_batches": 68,
+    "data.images.image_record_batches": 63,
     "teaching.workshop.check_parse_spec": 68,
     "teaching.workshop.check_schedule": 68,
     "tf_engine.custom_loop.fit": 65,

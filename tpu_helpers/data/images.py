@@ -1032,6 +1032,17 @@ def write_image_records(
     return write_records(rows(), output_dir, split=split, total=len(paths), **kwargs)
 
 
+def _enough_records(n: int, source: str, global_batch: int, training: bool) -> int:
+    """``n``, or the refusal of record files that make no batch (no full one to train)."""
+    if not n or (training and n < global_batch):
+        raise InputError(
+            f"{source} holds {n} image record(s), which make no full training batch of"
+            f" {global_batch} (one step needs a full batch on every replica). Fix: a smaller"
+            " per-replica batch, or more images."
+        )
+    return n
+
+
 def image_record_batches(
     source: str,
     spec: ImageSpec,
@@ -1052,17 +1063,11 @@ def image_record_batches(
 
     from tpu_helpers.core.pipeline import Batches, seed_pair, seeded_shuffle
     from tpu_helpers.data.records import open_records
-    from tpu_helpers.data.records.read import _counted
+    from tpu_helpers.data.records.read import checked_records, with_counts
 
     check_positive(global_batch=global_batch)
-    opened = _counted(open_records(source), say)
-    n = opened.num_records
-    if not n or (training and n < global_batch):
-        raise InputError(
-            f"{source} holds {n} image record(s), which make no full training batch of"
-            f" {global_batch} (one step needs a full batch on every replica). Fix: a smaller"
-            " per-replica batch, or more images."
-        )
+    opened = with_counts(open_records(source))
+    n = _enough_records(opened.num_records, source, global_batch, training)
     files = [s.path for s in opened.shards]
     compression = opened.compression or ""
     features = {
@@ -1081,12 +1086,13 @@ def image_record_batches(
         return image, tf.cast(ex["label"], tf.int32), weight
 
     def build(epoch, skip_steps, input_context):
-        names = tf.constant(files)
-        ds = tf.data.TFRecordDataset(names, compression_type=compression)
+        order = tf.range(len(files))
         if training:
             at = tf.constant(epoch, tf.int64)
-            names = tf.random.experimental.stateless_shuffle(names, seed_pair(seed, at, 0))
-            ds = tf.data.TFRecordDataset(names, compression_type=compression)
+            order = tf.random.experimental.stateless_shuffle(order, seed_pair(seed, at, 0))
+        counts = tf.constant([s.num_records for s in opened.shards], tf.int64)
+        ds = checked_records(tf.gather(files, order), tf.gather(counts, order), compression)
+        if training:
             ds = seeded_shuffle(ds, shuffle_buffer, seed_pair(seed, at, 1))
         real = ds.map(lambda r: (r, tf.constant(1.0)))
         fillers = tf.data.TFRecordDataset(files[0], compression_type=compression).repeat()

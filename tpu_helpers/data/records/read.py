@@ -124,6 +124,24 @@ def _checked_shard(path, expected, compression: str):
     return records.concatenate(short).take(expected)
 
 
+def checked_records(names, expected, compression: str | None = None, parallel_reads: int = 1):
+    """The records of the shards ``names`` (a string tensor), each held to its
+    ``expected`` count (``_checked_shard``): one shard after another, or
+    ``parallel_reads`` of them interleaved (in a fixed order)."""
+    import tensorflow as tf
+
+    files = tf.data.Dataset.from_tensor_slices((names, expected))
+    read = lambda path, count: _checked_shard(path, count, compression or "")  # noqa: E731
+    if parallel_reads > 1 and int(names.shape[0]) > 1:
+        return files.interleave(
+            read,
+            cycle_length=min(parallel_reads, int(names.shape[0])),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+    return files.flat_map(read)
+
+
 def _seed(seed: int, epoch, salt: int):
     """The records' stream ``salt`` of ``seed`` in ``epoch`` (``pipeline.seed_pair``)."""
     import tensorflow as tf
@@ -224,12 +242,12 @@ def _readable(source, spec, on_corrupt, label_column, num_labels, log) -> Record
     """``source`` opened (``open_records``), its records counted, its labels checked."""
     if not isinstance(source, RecordSource):
         source = open_records(source, spec=spec, on_corrupt=on_corrupt)
-    source = _counted(source, log)
+    source = with_counts(source, log)
     check_for_reading(source, label_column, num_labels)
     return source
 
 
-def _counted(source: RecordSource, log) -> RecordSource:
+def with_counts(source: RecordSource, log=say) -> RecordSource:
     """``source`` with every shard's record count: files without metadata are read once."""
     import dataclasses
 
@@ -366,22 +384,6 @@ class _EpochReader:
         """Each shard's records, by path (``read_records`` counts files without metadata)."""
         return {shard.path: shard.num_records for shard in self.source.shards}
 
-    def _files(self, names, expected):
-        """The records of the shards ``names``, each held to its ``expected`` count."""
-        import tensorflow as tf
-
-        compression = self.source.compression or ""
-        files = tf.data.Dataset.from_tensor_slices((names, expected))
-        read = lambda path, count: _checked_shard(path, count, compression)  # noqa: E731
-        if self.parallel_reads > 1 and int(names.shape[0]) > 1:
-            return files.interleave(
-                read,
-                cycle_length=min(self.parallel_reads, int(names.shape[0])),
-                num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=True,
-            )
-        return files.flat_map(read)
-
     def width_batches(self, slot: int, e):
         import tensorflow as tf
 
@@ -401,7 +403,7 @@ class _EpochReader:
                 tf.range(len(paths)), _seed(self.seed, e, salt)
             )
             names, expected = tf.gather(names, order), tf.gather(expected, order)
-        ds = self._files(names, expected)
+        ds = checked_records(names, expected, self.source.compression, self.parallel_reads)
         if self.shuffle:
             ds = seeded_shuffle(ds, self.shuffle_buffer, _seed(self.seed, e, salt + 500))
         ds = ds.batch(self.batch_size)
