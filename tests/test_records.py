@@ -772,3 +772,30 @@ def test_sound_shards_pass_the_count_check_whole_read_one_at_a_time_or_in_parall
             if v > 0
         ]
         assert sorted(idx) == list(range(30)), parallel
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_shard_gone_after_opening_fails_naming_it_and_does_not_hang(tmp_path, parallel):
+    """A shard deleted after ``read_records`` opened the set: the read stops with an error
+    naming it, rather than retrying the open for good (a fresh interpreter with a timeout,
+    so a hang fails the test)."""
+    shards = _write_shards(tmp_path)
+    result = run_python(
+        f"""
+        import os
+        import tensorflow as tf
+        from tpu_helpers.data import records
+        batches = records.read_records(
+            {str(tmp_path)!r}, global_batch=10, seed=0, parallel_reads={parallel}
+        )
+        os.remove({shards[2]!r})
+        try:
+            for _ in batches.dataset(0):
+                pass
+        except tf.errors.InvalidArgumentError as err:
+            print("named:", err.message)
+        """,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "train-00002-of-00004.tfrecord is gone" in result.stdout, result.stdout

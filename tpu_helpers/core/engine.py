@@ -424,7 +424,9 @@ def data_errors_explained(where: str):
         )
         raise type(err)(err.node_def, err.op, f"Read in {where}: {explained}") from err
     except tf.errors.InvalidArgumentError as err:
-        named = re.search(r"assertion failed: \[(The record file .*?)\]\n", str(err), re.S)
+        named = re.search(
+            r"assertion failed: \[(The record file .*?on_corrupt=skip\.)\]", str(err), re.S
+        )
         if named is None:
             raise
         explained = f"Read in {where}: {named.group(1)} The last checkpoint is intact."

@@ -36,6 +36,7 @@ __all__ = [
     "CHARACTERS_PER_TOKEN",
     "leading_text",
     "train_tokenizer",
+    "untrained_tokenizer",
     "check_model_fits",
     "pack_blocks",
     "mask_tokens",
@@ -102,8 +103,7 @@ def train_tokenizer(
     BERT and DistilBERT configs. ``kind="bpe"``: byte-level BPE with RoBERTa's (<s> </s>
     <mask> ...), for RoBERTa configs.
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from tokenizers.trainers import BpeTrainer, WordPieceTrainer
+    from tokenizers import processors
     from transformers import AutoTokenizer, BertTokenizerFast, RobertaTokenizerFast
 
     if kind not in _SPECIALS:
@@ -114,21 +114,8 @@ def train_tokenizer(
         for batch in dataset.iter(batch_size=batch_size):
             yield [t for t in batch[text_column] if t]
 
-    if kind == "wordpiece":
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.decoder = decoders.WordPiece()
-        trainer = WordPieceTrainer(vocab_size=vocab_size, special_tokens=special)
-    else:
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=special,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        )
+    unk = "[UNK]" if kind == "wordpiece" else "<unk>"
+    tok, trainer = untrained_tokenizer(kind, special, unk, vocab_size, lowercase)
     tok.train_from_iterator(batches(), trainer, length=len(dataset))
     first, last = (special[2], special[3]) if kind == "wordpiece" else (special[0], special[2])
     a, b = tok.token_to_id(first), tok.token_to_id(last)
@@ -141,6 +128,38 @@ def train_tokenizer(
     tokenizer = wrapper(tokenizer_object=tok, do_lower_case=lowercase)
     tokenizer.save_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder)
+
+
+def untrained_tokenizer(
+    kind: str, specials: list[str], unk: str, vocab_size: int, lowercase: bool = False
+):
+    """``(tokenizer, trainer)`` of a kind: ``wordpiece`` (BERT's; cased unless
+    ``lowercase``), byte-level ``bpe`` (RoBERTa's) or a ``unigram`` over Metaspace pieces
+    (SentencePiece's), ``specials`` first in its vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token=unk))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        return tok, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials)
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token=unk))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+        return tok, trainer
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    return tok, trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=specials, unk_token=unk
+    )
 
 
 def _require_mask_token(tokenizer) -> None:

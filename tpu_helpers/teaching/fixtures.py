@@ -50,6 +50,7 @@ from pathlib import Path
 
 from tpu_helpers.core.errors import InputError
 from tpu_helpers.core.messages import say
+from tpu_helpers.data.mlm import untrained_tokenizer
 from tpu_helpers.teaching import decoder_fixtures
 
 __all__ = [
@@ -486,7 +487,7 @@ def train_tokenizer(family: str, corpus: list[str], vocab_size: int = 600):
     kind, specials, (single, pair) = TOKENIZER_KINDS[family]
     specials = list(specials)
     unk = next(t for t in specials if "unk" in t.lower())
-    tok, trainer = _untrained_tokenizer(kind, specials, unk, vocab_size)
+    tok, trainer = untrained_tokenizer(kind, specials, unk, vocab_size)
     tok.train_from_iterator(corpus, trainer)
     if kind == "wordpiece":
         # The trainer numbers tokens of equal frequency in hash order; renumber them
@@ -503,35 +504,6 @@ def train_tokenizer(family: str, corpus: list[str], vocab_size: int = 600):
     )
     cls = tokenizer_class_from_name(_FAST_CLASS[family])
     return cls(tokenizer_object=tok, model_max_length=512, **_special_names(kind, specials, unk))
-
-
-def _untrained_tokenizer(kind: str, specials: list[str], unk: str, vocab_size: int):
-    """``(tokenizer, trainer)`` of a kind: cased ``wordpiece`` (BERT's), byte-level ``bpe``
-    (RoBERTa's) or a ``unigram`` over Metaspace pieces (SentencePiece's)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    if kind == "wordpiece":
-        tok = Tokenizer(models.WordPiece(unk_token=unk))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=False)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.decoder = decoders.WordPiece()
-        return tok, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials)
-    if kind == "bpe":
-        tok = Tokenizer(models.BPE(unk_token=unk))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=specials,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        )
-        return tok, trainer
-    tok = Tokenizer(models.Unigram())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    return tok, trainers.UnigramTrainer(
-        vocab_size=vocab_size, special_tokens=specials, unk_token=unk
-    )
 
 
 def _special_names(kind: str, specials: list[str], unk: str) -> dict:

@@ -89,39 +89,51 @@ def _batch_maker(source: RecordSource, rows: int, label_column: str | None):
 
 def _checked_shard(path, expected, compression: str):
     """The ``expected`` records of one shard (its metadata's count), or an error that names
-    it: a shard that ends early (a corrupt record, a file cut short or replaced) stops the
-    stream with an ``InvalidArgumentError`` naming the shard and the fix, in whatever reads
-    it (``fit_resumable``, Keras' own ``fit``, a loop of one's own), before any record
-    after the damage; TensorFlow's own ``DataLossError`` names no file. No function runs
-    per record: the records are taken up to the count, and only a shard that ends first
-    reaches the dataset that fails."""
+    it: a shard that ends early (a corrupt record, a file cut short or replaced, a read
+    cut off) stops the stream with an ``InvalidArgumentError`` naming the shard and the
+    fix, in whatever reads it (``fit_resumable``, Keras' own ``fit``, a loop of one's own),
+    before any record after the damage; TensorFlow's own ``DataLossError`` names no file.
+    No function runs per record: the records are taken up to the count, and only a shard
+    that ends first reaches the dataset that fails. A shard holding more records than
+    counted gives the counted ones (``open_records`` checks each shard's bytes against
+    the metadata's, which a replaced shard fails); a shard gone since is named too."""
     import tensorflow as tf
 
-    records = tf.data.TFRecordDataset(path, compression, buffer_size=256 * 1024)
-    records = records.ignore_errors().take(expected)  # a read error ends the shard there
+    def records():
+        read = tf.data.TFRecordDataset(path, compression, buffer_size=1 << 18)
+        return read.ignore_errors().take(expected)  # a read error ends the shard there
+
+    # A file that is gone cannot be opened, and ignore_errors would retry its open for good
+    there = tf.debugging.Assert(
+        tf.equal(tf.size(tf.io.matching_files(path)), 1),
+        [tf.strings.join(["The record file ", path, " is gone (deleted or moved since the"
+                          " records were opened). Fix: write the split again, or read it"
+                          " again with read_records, which leaves out what is gone only"
+                          " when told: on_corrupt=skip."])],
+    )  # fmt: skip
 
     def fail(_):
-        got = records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)  # read again
+        got = records().reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)  # read again
         counts = tf.strings.as_string([got, expected])
+        what = tf.where(
+            got < expected,
+            " records its metadata counts (a corrupt record, or a file cut short or replaced;"
+            " records.verify_records names the problem). Fix: copy the shard again (or write"
+            " the split again), or leave it out:",
+            " records its metadata counts, on a second read: the first was cut off (the"
+            " storage or the network failed). Fix: run again; if it recurs, copy the shard"
+            " again, or leave it out:",
+        )
         message = tf.strings.join(
-            [
-                "The record file ",
-                path,
-                " ends after ",
-                counts[0],
-                " of the ",
-                counts[1],
-                " records its metadata counts (a corrupt record, or a file cut short or"
-                " replaced; records.verify_records names the problem). Fix: copy the shard"
-                " again (or write the split again), or leave it out: read_records or"
-                " open_records with on_corrupt=skip.",
-            ]
+            ["The record file ", path, " ends after ", counts[0], " of the ", counts[1]]
+            + [what, " read_records or open_records with on_corrupt=skip."]
         )
         tf.debugging.Assert(False, [message])
         return tf.constant("", tf.string)
 
     short = tf.data.Dataset.from_tensors(0).map(fail)
-    return records.concatenate(short).take(expected)
+    with tf.control_dependencies([there]):
+        return records().concatenate(short).take(expected)
 
 
 def checked_records(names, expected, compression: str | None = None, parallel_reads: int = 1):
@@ -397,7 +409,8 @@ class _EpochReader:
             return fillers.repeat(wanted)  # only with several widths
         salt = (pipeline + 1) * 1000 + slot
         names = tf.constant(list(paths))
-        expected = tf.constant([self.counts[path] for path in paths], tf.int64)
+        counts = self.counts
+        expected = tf.constant([counts[path] for path in paths], tf.int64)
         if self.shuffle:
             order = tf.random.experimental.stateless_shuffle(
                 tf.range(len(paths)), _seed(self.seed, e, salt)
