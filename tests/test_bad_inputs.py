@@ -340,12 +340,6 @@ CASES = [
         r"Metric accuracy=\[0.5, 0.7\] is a list.*Fix: publish one figure",
     ),
     (
-        "report: one notebook path, not a list",
-        lambda tmp: report.build_report("run/01.ipynb", str(tmp / "report")),
-        TypeError,
-        r"one path; build_report takes a list.*Fix: build_report\(\['run/01.ipynb'\]",
-    ),
-    (
         "text: 0 replicas",
         lambda tmp: text.global_batch_size(8, 0),
         ValueError,

@@ -83,3 +83,11 @@ def test_the_report_names_each_notebook_as_asked(tmp_path):
 def test_publish_metrics_prints_outside_ipython(capsys):
     publish_metrics(loss=0.123456, replicas=8)
     assert capsys.readouterr().out == "loss: 0.1235\nreplicas: 8\n"
+
+
+def test_one_notebook_path_is_refused_with_the_list_that_fixes_it(tmp_path):
+    with pytest.raises(
+        TypeError,
+        match=r"one path; build_report takes a list.*Fix: build_report\(\['run/01.ipynb'\]",
+    ):
+        build_report("run/01.ipynb", str(tmp_path / "report"))
