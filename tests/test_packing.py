@@ -458,26 +458,24 @@ def test_rows_per_replica_keeps_the_examples_per_step():
     assert packing.rows_per_replica([100], 1, 128) == 1  # never 0
 
 
-def _best_fit_rows(lengths, width, max_per_row):
-    """Notebook 07's packing as its page writes it (NumPy, row by row)."""
-    lengths = np.asarray(lengths)
-    rows, free, count = [], np.zeros(0, int), np.zeros(0, int)
-    for i in np.argsort(-lengths, kind="stable"):
-        fits = (free >= lengths[i]) & (count < max_per_row)
-        if fits.any():
-            r = int(np.argmin(np.where(fits, free, width + 1)))
-        else:
-            r, free, count = len(rows), np.append(free, width), np.append(count, 0)
-            rows.append([])
-        rows[r].append(int(i))
-        free[r] -= lengths[i]
-        count[r] += 1
-    return rows
+def _page_best_fit_rows():
+    """Notebook 07's ``best_fit_rows``, run from the notebook's own cell (not a copy)."""
+    import json
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parent.parent / "notebooks" / "07_packed_fine_tuning.ipynb"
+    cells = json.loads(page.read_text())["cells"]
+    source = next(
+        "".join(c["source"]) for c in cells if "def best_fit_rows(" in "".join(c["source"])
+    )
+    namespace = {"np": np}
+    exec(source.split("\n\n\nstarted = ")[0], namespace)  # the definition, not its run
+    return namespace["best_fit_rows"]
 
 
 @pytest.mark.parametrize("width,max_per_row", [(16, 2), (64, 16), (128, 5)])
 def test_the_helpers_packing_is_the_one_notebook_07_writes_on_its_page(width, max_per_row):
     lengths = np.random.default_rng(width).integers(1, width + 1, 500) // 2 + 1
     rows = packing.pack_rows(lengths, width, max_per_row, seed=None)
-    assert rows == _best_fit_rows(lengths, width, max_per_row)
+    assert rows == _page_best_fit_rows()(lengths, width, max_per_row)
     assert sorted(i for row in rows for i in row) == list(range(500))
