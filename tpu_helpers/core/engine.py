@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from tpu_helpers.core.checks import first_line
 from tpu_helpers.core.errors import (
+    SKIP_DAMAGED_SHARD,
     CheckpointMismatchError,
     EngineError,
     InputError,
@@ -424,9 +425,8 @@ def data_errors_explained(where: str):
         )
         raise type(err)(err.node_def, err.op, f"Read in {where}: {explained}") from err
     except tf.errors.InvalidArgumentError as err:
-        named = re.search(
-            r"assertion failed: \[(The record file .*?on_corrupt=skip\.)\]", str(err), re.S
-        )
+        ends = re.escape(SKIP_DAMAGED_SHARD)
+        named = re.search(rf"assertion failed: \[(The record file .*?{ends})\]", str(err), re.S)
         if named is None:
             raise
         explained = f"Read in {where}: {named.group(1)} The last checkpoint is intact."

@@ -33,7 +33,12 @@ class                        condition                                     defin
 
 from __future__ import annotations
 
+#: How the records' message for a damaged shard (``records.read``'s per-shard check, raised
+#: inside tf.data as an assertion) ends: the engines find the message by it.
+SKIP_DAMAGED_SHARD = "leave it out: read_records or open_records with on_corrupt=skip."
+
 __all__ = [
+    "SKIP_DAMAGED_SHARD",
     "TpuHelpersError",
     "InputError",
     "InputTypeError",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpu_helpers.core.errors import InputError
+from tpu_helpers.core.errors import SKIP_DAMAGED_SHARD, InputError
 from tpu_helpers.core.messages import say
 from tpu_helpers.core.pipeline import STREAMS, Batches, seed_pair, seeded_shuffle
 from tpu_helpers.core.validate import check_boundaries, check_positive
@@ -106,11 +106,13 @@ def _checked_shard(path, expected, compression: str):
     # A file that is gone cannot be opened, and ignore_errors would retry its open for good
     there = tf.debugging.Assert(
         tf.equal(tf.size(tf.io.matching_files(path)), 1),
-        [tf.strings.join(["The record file ", path, " is gone (deleted or moved since the"
-                          " records were opened). Fix: write the split again, or read it"
-                          " again with read_records, which leaves out what is gone only"
-                          " when told: on_corrupt=skip."])],
-    )  # fmt: skip
+        [
+            tf.strings.join(
+                ["The record file ", path, " is gone (deleted or moved since the records were"]
+                + [" opened). Fix: write the split again, or ", SKIP_DAMAGED_SHARD]
+            )
+        ],
+    )
 
     def fail(_):
         got = records().reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)  # read again
@@ -119,14 +121,14 @@ def _checked_shard(path, expected, compression: str):
             got < expected,
             " records its metadata counts (a corrupt record, or a file cut short or replaced;"
             " records.verify_records names the problem). Fix: copy the shard again (or write"
-            " the split again), or leave it out:",
+            " the split again), or ",
             " records its metadata counts, on a second read: the first was cut off (the"
             " storage or the network failed). Fix: run again; if it recurs, copy the shard"
-            " again, or leave it out:",
+            " again, or ",
         )
         message = tf.strings.join(
             ["The record file ", path, " ends after ", counts[0], " of the ", counts[1]]
-            + [what, " read_records or open_records with on_corrupt=skip."]
+            + [what, SKIP_DAMAGED_SHARD]
         )
         tf.debugging.Assert(False, [message])
         return tf.constant("", tf.string)
