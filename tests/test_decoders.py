@@ -21,9 +21,10 @@ import keras  # noqa: E402
 from tpu_helpers.core.errors import ExistingFileError, InputError  # noqa: E402
 from tpu_helpers.data.hub import open_safetensors  # noqa: E402
 from tpu_helpers.keras3 import decoders  # noqa: E402
+from tpu_helpers.keras3.internals import sublayers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-FAMILIES = ("tiny-qwen3", "tiny-llama3")
+FAMILIES = ("tiny-qwen3", "tiny-llama3", "tiny-gemma3")
 #: How close KerasHub's float32 logits must be to the reference's, relative to the largest:
 #: 3e-7 was seen; an RMSNorm epsilon of KerasHub's own instead of the config's moves them
 #: by 8e-6 (Qwen 3's query and key norms) and 2.4e-5 (Llama 3's norms) on these checkpoints.
@@ -44,8 +45,8 @@ def _rms(x, scale, eps):
 
 
 def _rope(x, positions, theta):
-    """Rotary embeddings as the hub's Qwen and Llama apply them: each head's two halves
-    rotated by angles position / theta^(2i/d)."""
+    """Rotary embeddings as the hub's Qwen, Llama and Gemma apply them: each head's two
+    halves rotated by angles position / theta^(2i/d)."""
     half = x.shape[-1] // 2
     angles = positions[:, None] / theta ** (np.arange(half) * 2.0 / x.shape[-1])
     cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
@@ -53,47 +54,81 @@ def _rope(x, positions, theta):
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
-def reference_logits(folder: Path, ids, segments=None, positions=None) -> np.ndarray:
-    """A decoder's logits for one row of ``ids``, in float64 NumPy, from ``config.json`` and
-    the safetensors alone: RMSNorm, grouped-query attention with RoPE (Qwen 3's per-head
-    query and key norms), the gated SiLU MLP. ``segments`` (one id per token) lets a token
-    see only earlier tokens of its own segment; ``positions`` default to 0, 1, 2 ..."""
-    c = json.loads((folder / "config.json").read_text())
-    w = {k: v.astype(np.float64) for k, v in hub_tensors(folder).items()}
+def _gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def _layer_kinds(c: dict) -> list[tuple]:
+    """Per layer, (rotary base, position scale, sliding window or None), as transformers
+    reads a config: Gemma 3's layer_types (or every sliding_window_pattern-th layer global),
+    its local base for the sliding layers and its linear scaling for the global ones."""
+    n = c["num_hidden_layers"]
+    if c["model_type"] != "gemma3_text":
+        return [(c["rope_theta"], 1.0, None)] * n
+    pattern = c.get("sliding_window_pattern", 6)
+    types = c.get("layer_types") or [
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)
+    ]
+    factor = (c.get("rope_scaling") or {}).get("factor", 1.0)
+    local = (c["rope_local_base_freq"], 1.0, c["sliding_window"])
+    return [local if t == "sliding_attention" else (c["rope_theta"], factor, None) for t in types]
+
+
+def _attention(c, w, p, h, positions, allowed, kind):
+    """One layer's grouped-query attention of ``h`` (normed), its output projection applied."""
     heads, kv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
     d = c.get("head_dim") or c["hidden_size"] // heads
+    n, gemma = len(h), c["model_type"] == "gemma3_text"
+    q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, heads, d)
+    k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, kv, d)
+    v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, kv, d)
+    if p + "self_attn.q_norm.weight" in w:
+        qn, kn = w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"]
+        q, k = _rms(q, qn + gemma, eps), _rms(k, kn + gemma, eps)  # Gemma scales by 1 + w
+    theta, factor, window = kind
+    q, k = _rope(q, positions / factor, theta), _rope(k, positions / factor, theta)
+    k, v = np.repeat(k, heads // kv, axis=1), np.repeat(v, heads // kv, axis=1)
+    scale = c.get("query_pre_attn_scalar", d) if gemma else d
+    scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(scale)
+    if window:  # a key at most window - 1 tokens back
+        allowed = allowed & (np.subtract.outer(np.arange(n), np.arange(n)) < window)
+    scores = np.where(allowed[None], scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    attended = np.einsum("hqk,khd->qhd", probs, v).reshape(n, heads * d)
+    return attended @ w[p + "self_attn.o_proj.weight"].T
+
+
+def reference_logits(folder: Path, ids, segments=None, positions=None) -> np.ndarray:
+    """A decoder's logits for one row of ``ids``, in float64 NumPy, from ``config.json`` and
+    the safetensors alone, as transformers computes Qwen 3, Llama and Gemma 3: RMSNorm (Gemma:
+    scaled by 1 + w, around the attention and the MLP both before and after), grouped-query
+    attention with RoPE (the per-head query and key norms of Qwen 3 and Gemma 3; Gemma 3's
+    sliding window and local base), the gated MLP (SiLU; Gemma: tanh GELU). ``segments`` (one
+    id per token) lets a token see only earlier tokens of its own segment; ``positions``
+    default to 0, 1, 2 ..."""
+    c = json.loads((folder / "config.json").read_text())
+    w = {k: v.astype(np.float64) for k, v in hub_tensors(folder).items()}
+    gemma, eps = c["model_type"] == "gemma3_text", c["rms_norm_eps"]
+
+    def norm(x, name):
+        return _rms(x, w[name] + gemma, eps)
+
     n = len(ids)
-    positions = np.arange(n) if positions is None else np.asarray(positions)
+    positions = np.arange(n) if positions is None else np.asarray(positions, np.float64)
     segments = np.zeros(n) if segments is None else np.asarray(segments)
     allowed = np.tril(np.ones((n, n), bool)) & (segments[:, None] == segments[None, :])
-    x = w["model.embed_tokens.weight"][np.asarray(ids)]
-    for i in range(c["num_hidden_layers"]):
+    x = w["model.embed_tokens.weight"][np.asarray(ids)] * (c["hidden_size"] ** 0.5 if gemma else 1)
+    for i, kind in enumerate(_layer_kinds(c)):
         p = f"model.layers.{i}."
-        h = _rms(x, w[p + "input_layernorm.weight"], eps)
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, heads, d)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, kv, d)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, kv, d)
-        if p + "self_attn.q_norm.weight" in w:
-            q, k = (
-                _rms(q, w[p + "self_attn.q_norm.weight"], eps),
-                _rms(k, w[p + "self_attn.k_norm.weight"], eps),
-            )
-        q, k = _rope(q, positions, c["rope_theta"]), _rope(k, positions, c["rope_theta"])
-        k, v = np.repeat(k, heads // kv, axis=1), np.repeat(v, heads // kv, axis=1)
-        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d)
-        scores = np.where(allowed[None], scores, -np.inf)
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        attended = np.einsum("hqk,khd->qhd", probs, v).reshape(n, heads * d)
-        x = x + attended @ w[p + "self_attn.o_proj.weight"].T
-        h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        out = _attention(c, w, p, norm(x, p + "input_layernorm.weight"), positions, allowed, kind)
+        x = x + (norm(out, p + "post_attention_layernorm.weight") if gemma else out)
+        h = norm(x, p + ("pre_feedforward" if gemma else "post_attention") + "_layernorm.weight")
         gate = h @ w[p + "mlp.gate_proj.weight"].T
-        x = (
-            x
-            + (gate / (1 + np.exp(-gate)) * (h @ w[p + "mlp.up_proj.weight"].T))
-            @ w[p + "mlp.down_proj.weight"].T
-        )
-    x = _rms(x, w["model.norm.weight"], eps)
+        act = _gelu_tanh(gate) if gemma else gate / (1 + np.exp(-gate))
+        out = (act * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        x = x + (norm(out, p + "post_feedforward_layernorm.weight") if gemma else out)
+    x = norm(x, "model.norm.weight")
     return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
 
 
@@ -108,7 +143,8 @@ def load(folder: Path):
 def packed_model(backbone, segments: bool = False):
     """The notebook's packed model: the backbone's own layers, each decoder layer given a
     mask of which earlier tokens each token may see (``attention_mask``, or made from
-    ``segment_ids`` inside the model as the notebook makes it)."""
+    ``segment_ids`` inside the model as the notebook makes it); Gemma's embeddings scaled
+    and its blocks taking the mask as their ``padding_mask``."""
     token_ids = keras.Input((None,), dtype="int32", name="token_ids")
     if segments:
         given = keras.Input((None,), dtype="int32", name="segment_ids")
@@ -116,9 +152,14 @@ def packed_model(backbone, segments: bool = False):
         mask = ops.equal(ops.expand_dims(given, 2), ops.expand_dims(given, 1))
     else:
         given = mask = keras.Input((None, None), dtype="bool", name="attention_mask")
+    gemma = type(backbone).__name__.startswith("Gemma")
     x = backbone.token_embedding(token_ids)
+    if gemma:
+        x = x * keras.ops.cast(backbone.hidden_dim**0.5, x.dtype)
+        decoders.accept_full_masks(backbone)
+    mask_argument = "padding_mask" if gemma else "decoder_attention_mask"
     for layer in backbone.transformer_layers:
-        x = layer(x, decoder_attention_mask=mask)
+        x = layer(x, **{mask_argument: mask})
     logits = backbone.token_embedding(backbone.layer_norm(x), reverse=True)
     return keras.Model({"token_ids": token_ids, given.name: given}, logits)
 
@@ -128,18 +169,24 @@ def per_token_weights(ds):
     return ds.map(lambda x, y, w: (x, y, keras.ops.ones_like(y, "float32") * w[:, None]))
 
 
-def notebook_layout(mesh):
-    """Notebook 10's layout map: heads and the MLP's inner units over ``model``."""
+def notebook_layout(mesh, gemma: bool = False):
+    """Notebook 10's layout map: heads and the MLP's inner units over ``model`` (KerasHub's
+    Gemma lays its query, key and value kernels out heads first)."""
+    by_heads = ("model", None, None) if gemma else (None, "model", None)
+    up, down = (
+        "feedforward_(gate|intermediate)_dense|ffw_gating(_2)?",
+        "feedforward_output_dense|ffw_linear",
+    )
     layout = keras.distribution.LayoutMap(mesh)
     layout["token_embedding/embeddings"] = (None, "model")
     layout["token_embedding/reverse_embeddings"] = ("model", None)
-    layout[".*self_attention/(query|key|value)/kernel"] = (None, "model", None)
-    layout[".*self_attention/attention_output/kernel"] = ("model", None, None)
-    layout[".*feedforward_(gate|intermediate)_dense/kernel"] = (None, "model")
-    layout[".*feedforward_output_dense/kernel"] = ("model", None)
-    layout[".*self_attention/(query|key|value)/lora_kernel_a"] = (None, "model", None)
-    layout[".*feedforward_(gate|intermediate)_dense/lora_kernel_b"] = (None, "model")
-    layout[".*feedforward_output_dense/lora_kernel_a"] = ("model", None)
+    layout[".*attention/(query|key|value)/kernel"] = by_heads
+    layout[".*attention/attention_output/kernel"] = ("model", None, None)
+    layout[f".*({up})/kernel"] = (None, "model")
+    layout[f".*({down})/kernel"] = ("model", None)
+    layout[".*attention/(query|key|value)/lora_kernel_a"] = by_heads
+    layout[f".*({up})/lora_kernel_b"] = (None, "model")
+    layout[f".*({down})/lora_kernel_a"] = ("model", None)
     return layout
 
 
@@ -197,6 +244,9 @@ def test_packed_rows_give_each_example_its_own_logits(fixtures_dir, name):
     )
     second = slice(starts[1], starts[2])
     assert relative_gap(leaky[second], reference_logits(folder, np.asarray(examples[1]))) > 1e-3
+    if "gemma" in name:  # its blocks' own masks (a padding mask, a cache) are as they were
+        one = {"token_ids": row[None, :5], "padding_mask": np.ones((1, 5), bool)}
+        assert relative_gap(lm(one)[0], reference_logits(folder, row[:5])) < TOLERANCE
     # RoPE is relative: positions counted along the row give each example the same scores
     # as positions restarted per example (the mask does the separating)
     along = reference_logits(folder, row, segments, positions=np.arange(len(row)))
@@ -219,10 +269,16 @@ def test_the_merged_export_is_w_plus_scaled_a_b_and_loads_back(fixtures_dir, tmp
     decoders.save_merged(lm, folder, tmp_path / "merged")
     saved, base = hub_tensors(tmp_path / "merged"), hub_tensors(folder)
     assert sorted(saved) == sorted(base)
-    layer = lm.backbone.transformer_layers[1]._self_attention_layer._query_dense
+    layer = next(x for x in sublayers(lm.backbone.transformer_layers[1]) if x.name == "query")
     a, b = (np.asarray(v, np.float64) for v in (layer.lora_kernel_a, layer.lora_kernel_b))
-    # Keras' factors: A [hidden, heads, rank], B [rank, head size]; the hub's q_proj [out, in]
-    delta = np.matmul(a, b).reshape(a.shape[0], -1).T * layer.lora_alpha / layer.lora_rank
+    # Keras' factors: A [hidden, heads, rank] (Gemma's heads first), B [rank, head size];
+    # the hub's q_proj [out, in], its rows head by head
+    kernel = np.matmul(a, b) * layer.lora_alpha / layer.lora_rank
+    hidden = kernel.shape[1 if "gemma" in name else 0]
+    if "gemma" in name:
+        delta = kernel.transpose(0, 2, 1).reshape(-1, hidden)
+    else:
+        delta = kernel.reshape(hidden, -1).T
     want = base["model.layers.1.self_attn.q_proj.weight"] + delta
     assert np.abs(saved["model.layers.1.self_attn.q_proj.weight"] - want).max() < 1e-6
     assert np.array_equal(
@@ -273,6 +329,26 @@ def test_the_peft_adapter_adds_what_the_merged_export_added(fixtures_dir, tmp_pa
         added = merged[f"{module}.weight"] - base[f"{module}.weight"]
         assert config["rank_pattern"][short] == a.shape[0] and b.shape[1] == a.shape[0]
         assert np.abs(delta - added).max() < 1e-5 * max(1.0, np.abs(added).max()), module
+
+
+def test_a_converter_step_other_than_a_rearrangement_is_refused():
+    """The export inverts what KerasHub's converter did reading each tensor; one that
+    computes (a scale, a shift) cannot be inverted that way and is named."""
+    from tpu_helpers.core.errors import EngineError
+    from tpu_helpers.keras3.decoders import _to_hub_layout
+
+    hub = np.arange(24, dtype=np.float32).reshape(6, 4)
+
+    def heads_first(
+        x, shape
+    ):  # as the Gemma converter's query: [heads*d, hidden] -> [heads, hidden, d]
+        return np.transpose(np.reshape(x, (shape[0], shape[2], shape[1])), (0, 2, 1))
+
+    keras_side = heads_first(hub, [2, 4, 3])
+    assert np.array_equal(_to_hub_layout(keras_side, heads_first, (6, 4), "q"), hub)
+    for hook in (lambda x, _: x.T * 2.0, lambda x, _: x.T + 1):
+        with pytest.raises(EngineError, match="q: .*other than a reshape.*save_to_preset"):
+            _to_hub_layout(hook(hub, None), hook, (6, 4), "q")
 
 
 def test_an_export_into_another_models_folder_is_refused_and_loses_nothing(fixtures_dir, tmp_path):
@@ -358,16 +434,17 @@ def test_replicated_weights_names_what_a_layout_left_whole(fixtures_dir):
     )
 
 
-@pytest.mark.parametrize(
-    "targets", [decoders.LORA_ATTENTION, decoders.LORA_ATTENTION + decoders.LORA_MLP]
-)
-def test_the_lora_count_from_the_config_is_what_enable_lora_adds(fixtures_dir, targets):
-    folder = fixtures_dir / "tiny-qwen3"
+@pytest.mark.parametrize("name, mlp", [("tiny-qwen3", False), ("tiny-gemma3", True)])
+def test_the_lora_count_from_the_config_is_what_enable_lora_adds(fixtures_dir, name, mlp):
+    folder = fixtures_dir / name
     lm = load(folder)
-    lm.backbone.enable_lora(3, target_layer_names=list(targets))
-    added = sum(int(np.prod(v.shape)) for v in lm.backbone.trainable_weights)
     config = json.loads((folder / "config.json").read_text())
+    targets = decoders.lora_targets(config, mlp)
+    lm.backbone.enable_lora(3, target_layer_names=targets)
+    added = sum(int(np.prod(v.shape)) for v in lm.backbone.trainable_weights)
     assert decoders.lora_parameter_count(config, 3, targets) == added
+    # every target found a layer: 2 factors on each, in every layer
+    assert len(lm.backbone.trainable_weights) == 2 * len(targets) * config["num_hidden_layers"]
     with pytest.raises(InputError, match="lora_rank=0"):
         decoders.lora_parameter_count(config, 0)
 
@@ -376,6 +453,23 @@ def test_a_checkpoint_the_notebook_cannot_take_is_refused_with_the_fix(fixtures_
     with pytest.raises(InputError, match="'distilbert' model.*Qwen/Qwen3-0.6B"):
         decoders.hub_folder(str(fixtures_dir / "tiny-distilbert"))
     assert decoders.hub_folder(str(fixtures_dir / "tiny-qwen3")) == fixtures_dir / "tiny-qwen3"
+    gemma = json.loads((fixtures_dir / "tiny-gemma3" / "config.json").read_text())
+    for change, named in [
+        ({"model_type": "gemma3"}, "vision tower.*Fix: google/gemma-3-1b-it"),
+        ({"layer_types": ["full_attention"] * 7}, "layer_types.*Fix"),
+        ({"rope_local_base_freq": 5e4}, r"rotary bases \(1000000.0, 50000.0\).*Fix"),
+        ({"query_pre_attn_scalar": 12}, "query_pre_attn_scalar 12.*Fix"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'.*Fix"),
+    ]:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**gemma, **change}))
+        with pytest.raises(InputError, match=named):
+            decoders.hub_folder(str(folder))
+    # the hub's older configs: the pattern instead of the layer types, the same model
+    older = {k: v for k, v in gemma.items() if k != "layer_types"}
+    assert decoders.gemma3_differences({**older, "sliding_window_pattern": 6}) == []
+    assert decoders.gemma3_differences({**older, "sliding_window_pattern": 2}) != []
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(fixtures_dir / "tiny-qwen3")
@@ -391,18 +485,20 @@ def test_the_notebooks_layout_splits_every_large_weight_and_keeps_the_logits(fix
 
     mesh = keras.distribution.DeviceMesh(shape, ("batch", "model"), keras3.devices(8))
     before = keras.distribution.distribution()
-    keras.distribution.set_distribution(
-        keras.distribution.ModelParallel(layout_map=notebook_layout(mesh), batch_dim_name="batch")
-    )
     try:
         for name in FAMILIES:
+            gemma = "gemma" in name  # its query kernel [heads, hidden, head size]
+            layout = notebook_layout(mesh, gemma)
+            keras.distribution.set_distribution(
+                keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="batch")
+            )
             lm = load(fixtures_dir / name)
             assert decoders.replicated_weights(lm, min_elements=512) == []
             if shape[1] > 1:  # the query kernel is cut by heads over the model axis
-                query = lm.backbone.transformer_layers[0]._self_attention_layer._query_dense.kernel
-                assert (
-                    query.value.sharding.shard_shape(query.shape)[1] == query.shape[1] // shape[1]
-                )
+                query = next(w for w in lm.backbone.weights if w.path.endswith("/query/kernel"))
+                heads = 0 if gemma else 1
+                cut = query.value.sharding.shard_shape(query.shape)
+                assert cut[heads] == query.shape[heads] // shape[1], (name, cut)
             ids = np.array([3, 17, 42, 99, 7, 250, 12, 64])
             x = {"token_ids": np.tile(ids, (8, 1)), "padding_mask": np.ones((8, 8), bool)}
             assert relative_gap(lm(x)[3], reference_logits(fixtures_dir / name, ids)) < TOLERANCE

@@ -4,13 +4,16 @@ beside its page, where the stock way has no answer.
 ==========================  ==============================================================
 ``hub_folder``              a decoder checkpoint's local folder (fetched once from the hub),
                             a family the notebook's export and tests cover, or the fix
+``gemma3_differences``      what KerasHub's Gemma 3 computes otherwise than a config says
 ``require_chat_template``   a tokenizer that has a chat template, or the fix
+``lora_targets``            the family's names of the layers LoRA goes on
 ``lora_parameter_count``    the weights ``enable_lora`` adds, from the config alone
 ``memory_plan``             whether a decoder's weights, its LoRA state and a batch fit a
                             chip's memory, from sizes alone, before anything is loaded
 ``match_config``            every RMSNorm computing with the checkpoint's epsilon (KerasHub
                             0.32 leaves some at its own defaults)
 ``check_model_axis``        a model axis that divides the query and key-value heads
+``accept_full_masks``       Gemma 3's decoder blocks taking a packed row's whole mask
 ``replicated_weights``      large weights a layout map left whole on every device
 ``save_merged``             a LoRA-tuned ``CausalLM`` back in the hub's layout, LoRA merged
 ``save_adapter``            its LoRA factors alone, as a PEFT adapter of the base checkpoint
@@ -37,36 +40,40 @@ from tpu_helpers.core.errors import EngineError, ExistingFileError, InputError
 __all__ = [
     "DECODER_FAMILIES",
     "hub_folder",
+    "gemma3_differences",
     "require_chat_template",
     "LORA_ATTENTION",
     "LORA_MLP",
+    "lora_targets",
     "lora_parameter_count",
     "V5E_CHIP_BYTES",
     "MemoryPlan",
     "memory_plan",
     "match_config",
     "check_model_axis",
+    "accept_full_masks",
     "replicated_weights",
     "save_merged",
     "save_adapter",
 ]
 
 #: The families of ``model_type`` whose KerasHub converter, merged export and NumPy reference
-#: (``tests/test_decoders.py``) are held equal here: Qwen 3 and Llama 3.
-DECODER_FAMILIES = ("qwen3", "llama")
+#: (``tests/test_decoders.py``) are held equal here: Qwen 3, Llama 3 and Gemma 3's text models.
+DECODER_FAMILIES = ("qwen3", "llama", "gemma3_text")
 #: KerasHub's names of the layers LoRA goes on: the attention's query and value (its
-#: default), and the gated MLP's three projections.
+#: default, in every family), and the gated MLP's three projections (gate, up, down), which
+#: KerasHub's Gemma names otherwise.
 LORA_ATTENTION = ("query", "value")
 LORA_MLP = ("feedforward_gate_dense", "feedforward_intermediate_dense", "feedforward_output_dense")
-#: Each of those layers' module in the hub's (transformers') Qwen 3 and Llama models.
+GEMMA_MLP = ("ffw_gating", "ffw_gating_2", "ffw_linear")
+#: Each of those layers' module in the hub's (transformers') models of these families.
 HUB_MODULES = {
     "query": "self_attn.q_proj",
     "key": "self_attn.k_proj",
     "value": "self_attn.v_proj",
     "attention_output": "self_attn.o_proj",
-    "feedforward_gate_dense": "mlp.gate_proj",
-    "feedforward_intermediate_dense": "mlp.up_proj",
-    "feedforward_output_dense": "mlp.down_proj",
+    **dict(zip(LORA_MLP, ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"), strict=True)),
+    **dict(zip(GEMMA_MLP, ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"), strict=True)),
 }
 
 #: High-bandwidth memory of one TPU v5e chip (Colab's v5e-1, Kaggle's v5e-8).
@@ -188,14 +195,63 @@ def hub_folder(checkpoint: str) -> Path:
         raise InputError(
             f"{checkpoint!r} has no config.json. Fix: a folder in the hub's layout, or a hub name."
         )
-    family = json.loads(config_file.read_text()).get("model_type")
+    config = json.loads(config_file.read_text())
+    family = config.get("model_type")
+    if family == "gemma3":
+        raise InputError(
+            f"{checkpoint!r} is Gemma 3 with its vision tower (model_type 'gemma3'); this notebook"
+            " tunes text models. Fix: google/gemma-3-1b-it or google/gemma-3-270m-it (text"
+            " only), or Qwen/Qwen3-4B for a larger ungated model."
+        )
     if family not in DECODER_FAMILIES:
         raise InputError(
             f"{checkpoint!r} is a {family!r} model; this notebook's layout map, export and tests"
             f" cover {', '.join(DECODER_FAMILIES)}. Fix: a Qwen 3 checkpoint (Qwen/Qwen3-0.6B,"
-            " ungated) or a Llama 3 one (meta-llama/Llama-3.2-1B-Instruct, gated)."
+            " ungated), a Llama 3 one (meta-llama/Llama-3.2-1B-Instruct, gated) or a Gemma 3"
+            " one (google/gemma-3-1b-it, gated)."
+        )
+    if family == "gemma3_text" and (otherwise := gemma3_differences(config)):
+        raise InputError(
+            f"{checkpoint!r}: KerasHub 0.32's Gemma 3 would compute this model otherwise than"
+            f" its config says: {'; '.join(otherwise)}. Fix: a Gemma 3 checkpoint of Google's"
+            " (google/gemma-3-1b-it), whose configs it follows."
         )
     return local
+
+
+def gemma3_differences(config: dict) -> list[str]:
+    """What KerasHub 0.32's Gemma 3 computes otherwise than a ``gemma3_text`` ``config``
+    says, which it does not read: every sixth layer global and the others on the sliding
+    window (``layer_types``), rotary bases of 1,000,000 (global) and 10,000 (sliding), a
+    linear scaling of the global positions only, the query scaled by ``head_dim`` or
+    ``hidden_size / num_attention_heads`` (``query_pre_attn_scalar``)."""
+    layers = config["num_hidden_layers"]
+    pattern = config.get("sliding_window_pattern", 6)
+    given = config.get("layer_types") or [
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)
+    ]
+    kerashub = ["sliding_attention" if i % 6 < 5 else "full_attention" for i in range(layers)]
+    rope = config.get("rope_parameters") or {}
+    bases = (
+        rope.get("full_attention", {}).get("rope_theta", config.get("rope_theta", 1e6)),
+        rope.get("sliding_attention", {}).get(
+            "rope_theta", config.get("rope_local_base_freq", 1e4)
+        ),
+    )
+    scaling = config.get("rope_scaling") or rope.get("full_attention") or {}
+    heads, head_dim = config["num_attention_heads"], config["head_dim"]
+    scalar = config.get("query_pre_attn_scalar", head_dim)
+    checks = {
+        f"layer_types {given} (KerasHub: {kerashub})": given == kerashub,
+        f"rotary bases {bases} (KerasHub: (1000000.0, 10000.0))": bases == (1e6, 1e4),
+        f"rope type {scaling.get('rope_type')!r} (KerasHub: linear)": scaling.get(
+            "rope_type", "linear"
+        )
+        in ("linear", "default"),
+        f"query_pre_attn_scalar {scalar} (KerasHub: {head_dim} or"
+        f" {config['hidden_size'] // heads})": scalar in (head_dim, config["hidden_size"] // heads),
+    }
+    return [what for what, holds in checks.items() if not holds]
 
 
 def _download(name: str) -> Path:
@@ -234,24 +290,32 @@ def require_chat_template(tokenizer, checkpoint: str) -> None:
         )
 
 
+def lora_targets(config: dict, mlp: bool = False) -> list[str]:
+    """KerasHub's names of the layers LoRA goes on in a decoder of ``config``: the
+    attention's query and value, and with ``mlp`` the MLP's three projections."""
+    gemma = config["model_type"].startswith("gemma")
+    return [*LORA_ATTENTION, *((GEMMA_MLP if gemma else LORA_MLP) if mlp else ())]
+
+
 def lora_parameter_count(config: dict, rank: int, targets=LORA_ATTENTION) -> int:
     """The weights ``backbone.enable_lora(rank, target_layer_names=targets)`` adds to a
     decoder of ``config``: per targeted kernel of shape ``(*inner, out)``, Keras' factors
-    ``A (*inner, rank)`` and ``B (rank, out)``."""
+    ``A (*inner, rank)`` and ``B (rank, out)`` (KerasHub's Gemma lays the query, key and
+    value kernels out heads first, ``(heads, hidden, head_dim)``: the same count)."""
     if not isinstance(rank, int) or rank < 1:
         raise InputError(f"lora_rank={rank!r} must be a positive whole number. Fix: 8 or 16.")
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     kv = config.get("num_key_value_heads", heads)
     d = config.get("head_dim") or hidden // heads
     inner = config["intermediate_size"]
+    mlp = ((hidden, inner), (hidden, inner), (inner, hidden))
     kernels = {
         "query": (hidden, heads, d),
         "key": (hidden, kv, d),
         "value": (hidden, kv, d),
         "attention_output": (heads, d, hidden),
-        "feedforward_gate_dense": (hidden, inner),
-        "feedforward_intermediate_dense": (hidden, inner),
-        "feedforward_output_dense": (inner, hidden),
+        **dict(zip(LORA_MLP, mlp, strict=True)),
+        **dict(zip(GEMMA_MLP, mlp, strict=True)),
     }
     unknown = sorted(set(targets) - set(kernels))
     if unknown:
@@ -292,6 +356,29 @@ def check_model_axis(
             f" {kv_heads} key-value heads, which the layout shards over it. Fix: one of {fits}"
             " (the data axis takes the other devices)."
         )
+
+
+def accept_full_masks(backbone) -> None:
+    """Let each of Gemma 3's decoder blocks in ``backbone`` take a packed row's whole mask
+    ``[rows, T, T]`` (which key each query may see) as its ``padding_mask``, as Qwen's and
+    Llama's layers take one as ``decoder_attention_mask``, and-combined with the block's
+    causal mask as theirs is: KerasHub 0.32's block builds its mask from a padding mask
+    only. The sliding window of its local layers still applies on top. A padding mask of one row per token, and generation (with a cache),
+    go on as before. Nothing changes in other families' layers."""
+    import keras
+
+    for block in backbone.transformer_layers:
+        if not hasattr(block, "_compute_attention_mask") or hasattr(block, "_own_mask"):
+            continue
+        block._own_mask = block._compute_attention_mask
+
+        def compute(x, padding_mask, vision_mask, cache, cache_update_index, block=block):
+            if cache is None and padding_mask is not None and len(padding_mask.shape) == 3:
+                causal = block._own_mask(x, None, vision_mask, cache, cache_update_index)
+                return keras.ops.logical_and(causal, keras.ops.cast(padding_mask, "bool"))
+            return block._own_mask(x, padding_mask, vision_mask, cache, cache_update_index)
+
+        block._compute_attention_mask = compute
 
 
 def replicated_weights(model, axis: str = "model", min_elements: int = 1 << 16) -> list[str]:
@@ -438,16 +525,20 @@ class _Recorder:
 
 
 def _to_hub_layout(value: np.ndarray, hook, shape: tuple, name: str) -> np.ndarray:
-    """``value`` (Keras' layout) in the hub's ``shape``: the converters of decoders read each
-    tensor as it is, reshaped, or transposed and reshaped; the candidate that ``hook``
-    (the converter's function) maps back to ``value`` exactly is the one."""
-    candidates = [value.reshape(shape)] if value.size == int(np.prod(shape)) else []
-    if len(shape) == 2 and value.size == shape[0] * shape[1]:
-        candidates.append(value.reshape(shape[::-1]).T)
-    for candidate in candidates:
-        again = candidate if hook is None else np.asarray(hook(candidate, list(value.shape)))
-        if again.shape == value.shape and np.array_equal(again, value):
-            return np.ascontiguousarray(candidate)
+    """``value`` (Keras' layout) in the hub's ``shape``: the inverse of ``hook``, the
+    converter's function from the hub's tensor to Keras' (a reshape, a transpose, or both).
+    The hook applied to the hub's element numbers says where each element went; a hook that
+    computes more than a rearrangement is refused (its result is checked)."""
+    if hook is None:
+        return np.ascontiguousarray(value.reshape(shape))
+    numbers = np.arange(int(np.prod(shape))).reshape(shape)
+    moved = np.asarray(hook(numbers, list(value.shape)))
+    if moved.shape == value.shape and np.array_equal(np.sort(moved, axis=None), numbers.ravel()):
+        hub = np.empty(numbers.size, value.dtype)
+        hub[moved.ravel()] = value.ravel()
+        hub = hub.reshape(shape)
+        if np.array_equal(np.asarray(hook(hub, list(value.shape))), value):
+            return hub
     raise EngineError(
         f"{name}: KerasHub's converter changed this weight in a way other than a reshape or a"
         " transpose, so it cannot be written back in the hub's layout. Fix: save the model in"
@@ -502,11 +593,12 @@ def save_adapter(causal_lm, folder, base_model: str) -> list[str]:
 def _adapter_tensors(causal_lm) -> tuple[dict, dict, dict]:
     """PEFT's tensors of ``causal_lm``'s LoRA layers, and each module's rank and alpha."""
     kind = type(causal_lm.backbone).__name__
-    if not kind.startswith(("Qwen3", "Llama")):  # other families lay their kernels out otherwise
+    if not kind.startswith(("Qwen3", "Llama", "Gemma3")):  # others lay kernels out otherwise
         raise InputError(
-            f"save_adapter writes the adapters of Qwen 3 and Llama models, not of a {kind}."
-            " Fix: decoders.save_merged writes the tuned model whole."
+            f"save_adapter writes the adapters of Qwen 3, Llama and Gemma 3 models, not of a"
+            f" {kind}. Fix: decoders.save_merged writes the tuned model whole."
         )
+    heads_first = kind.startswith("Gemma3")  # query, key, value [heads, hidden, head_dim]
     tensors, ranks, alphas = {}, {}, {}
     for layer in causal_lm.backbone._flatten_layers(include_self=False):
         if not getattr(layer, "lora_enabled", False):
@@ -519,6 +611,8 @@ def _adapter_tensors(causal_lm) -> tuple[dict, dict, dict]:
             )
         module = f"model.layers.{path[0].rsplit('_', 1)[1]}.{HUB_MODULES[path[-1]]}"
         a, b = (np.asarray(w.value, np.float32) for w in (layer.lora_kernel_a, layer.lora_kernel_b))
+        if heads_first and path[-1] in ("query", "key", "value"):
+            a = a.transpose(1, 0, 2)  # as Qwen's: [hidden, heads, rank]
         a_hub, b_hub = _peft_factors(path[-1], a, b)
         # safetensors writes an array's buffer as it lies: a transposed view needs a copy
         tensors[f"base_model.model.{module}.lora_A.weight"] = np.ascontiguousarray(a_hub)

@@ -1,10 +1,10 @@
 """Tiny decoder checkpoints and a tiny instruction set, laid out as the hub serves them.
 
-Notebook 10 fine-tunes a decoder (Qwen 3 or Llama 3) on instructions. On a TPU it reads the
+Notebook 10 fine-tunes a decoder (Qwen 3, Llama 3 or Gemma 3) on instructions. On a TPU it reads the
 hub's files (``hf://Qwen/Qwen3-0.6B``) and an instruction set (``databricks/databricks-dolly-15k``);
 on a CPU, these stand-ins, through the same calls:
 
-* ``DIR/tiny-qwen3``, ``DIR/tiny-llama3``: ``config.json``, PyTorch-named safetensors in
+* ``DIR/tiny-qwen3``, ``DIR/tiny-llama3``, ``DIR/tiny-gemma3``: ``config.json``, PyTorch-named safetensors in
   shards with their index, a byte-level BPE ``tokenizer.json`` trained here with the family's
   special tokens, and ``tokenizer_config.json`` holding the family's chat template; written from
   a table of the hub's weight names, without PyTorch or TensorFlow;
@@ -46,6 +46,12 @@ _LLAMA3_CHAT = (
     "<|end_header_id|>\n\n{{ message['content'] }}<|eot_id|>{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
+_GEMMA_CHAT = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>"
+    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{{ message['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
 DECODER_FAMILIES = {
     "qwen3": {
         "specials": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
@@ -85,6 +91,32 @@ DECODER_FAMILIES = {
             "tie_word_embeddings": False,
         },
     },
+    # Gemma 3's text models (1B, 270M): every 6th layer attends globally, the others to a
+    # sliding window (4 here, so that 8 tokens feel it); norms before and after each block,
+    # query and key norms. Its tokenizer's end token is <eos>, but a turn ends with
+    # <end_of_turn>: the generation config names both as the tokens generation stops at.
+    "gemma3_text": {
+        "specials": ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"),
+        "tokens": {"eos_token": "<eos>", "pad_token": "<pad>", "bos_token": "<bos>"},
+        "stops": ("<eos>", "<end_of_turn>"),
+        "template": _GEMMA_CHAT,
+        "architecture": "Gemma3ForCausalLM",
+        "config": {
+            "hidden_activation": "gelu_pytorch_tanh",
+            "attention_bias": False,
+            "num_hidden_layers": 7,
+            "sliding_window": 4,
+            "layer_types": ["sliding_attention"] * 5 + ["full_attention", "sliding_attention"],
+            "rope_theta": 1_000_000.0,
+            "rope_local_base_freq": 10_000.0,
+            "rope_scaling": None,
+            "query_pre_attn_scalar": 8,
+            "attn_logit_softcapping": None,
+            "final_logit_softcapping": None,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": True,
+        },
+    },
 }
 
 
@@ -100,7 +132,8 @@ def _family(model_type: str) -> dict:
 def tiny_decoder_config(model_type: str, vocab_size: int, **overrides) -> dict:
     """``config.json`` of a tiny ``model_type`` decoder: 2 layers, 8 query heads sharing 4
     key-value heads (grouped-query attention, as every such checkpoint on the hub; a model
-    axis of 4 splits both), head size 8 (Qwen 3's is its own) or 4 (Llama's: hidden / heads)."""
+    axis of 4 splits both), head size 8 (Qwen 3's and Gemma 3's are their own) or 4 (Llama's:
+    hidden / heads); Gemma 3's 7 layers (its sixth attends globally)."""
     family = _family(model_type)
     config = {
         "model_type": model_type,
@@ -125,9 +158,10 @@ def tiny_decoder_config(model_type: str, vocab_size: int, **overrides) -> dict:
 
 
 def decoder_weight_shapes(config: dict) -> dict[str, tuple[int, ...]]:
-    """The hub's weight names and PyTorch shapes (out, in) of a ``qwen3`` or ``llama``
-    ``config``: embeddings, per layer the norms, q/k/v/o projections (Qwen 3's per-head
-    q_norm and k_norm) and the gated MLP, the final norm, and ``lm_head`` unless tied."""
+    """The hub's weight names and PyTorch shapes (out, in) of a ``qwen3``, ``llama`` or
+    ``gemma3_text`` ``config``: embeddings, per layer the norms (Gemma 3's four), q/k/v/o
+    projections (the per-head q_norm and k_norm of Qwen 3 and Gemma 3) and the gated MLP, the
+    final norm, and ``lm_head`` unless tied."""
     hidden, heads, kv = (
         config["hidden_size"],
         config["num_attention_heads"],
@@ -143,10 +177,13 @@ def decoder_weight_shapes(config: dict) -> dict[str, tuple[int, ...]]:
         shapes[p + "self_attn.k_proj.weight"] = (kv * head_dim, hidden)
         shapes[p + "self_attn.v_proj.weight"] = (kv * head_dim, hidden)
         shapes[p + "self_attn.o_proj.weight"] = (hidden, heads * head_dim)
-        if config["model_type"] == "qwen3":
+        if config["model_type"] in ("qwen3", "gemma3_text"):
             shapes[p + "self_attn.q_norm.weight"] = (head_dim,)
             shapes[p + "self_attn.k_norm.weight"] = (head_dim,)
         shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+        if config["model_type"] == "gemma3_text":
+            shapes[p + "pre_feedforward_layernorm.weight"] = (hidden,)
+            shapes[p + "post_feedforward_layernorm.weight"] = (hidden,)
         shapes[p + "mlp.gate_proj.weight"] = (inner, hidden)
         shapes[p + "mlp.up_proj.weight"] = (inner, hidden)
         shapes[p + "mlp.down_proj.weight"] = (hidden, inner)
@@ -159,14 +196,15 @@ def decoder_weight_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 def _untrained(config: dict, seed: int) -> dict:
     """Weights drawn as the hub's initializers do (normal of ``initializer_range``), but
     the embeddings wider; the norms' scales drawn around 1 so that a reference that skipped
-    one would differ."""
+    one would differ (Gemma's around 0: it scales by ``1 + weight``)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     tensors = {}
     for name, shape in decoder_weight_shapes(config).items():
         if name.endswith("norm.weight"):
-            tensors[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype("float32")
+            centre = 0.0 if config["model_type"] == "gemma3_text" else 1.0
+            tensors[name] = (centre + 0.1 * rng.standard_normal(shape)).astype("float32")
         elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
             # as a trained model's are: large enough for confident logits after the final
             # norm (at 0.02 a LoRA-tuned tiny model could not leave the uniform guess)
@@ -230,9 +268,10 @@ def write_tiny_decoder(
     out.mkdir(parents=True)
     hub.write_hub_weights(_untrained(config, seed), out, shard_bytes)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    stops = [tok.token_to_id(t) for t in DECODER_FAMILIES[model_type].get("stops", ())]
     generation = {
         "bos_token_id": config["bos_token_id"],
-        "eos_token_id": config["eos_token_id"],
+        "eos_token_id": stops or config["eos_token_id"],
         "do_sample": False,
     }
     if "pad_token" in ids:

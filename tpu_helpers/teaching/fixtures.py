@@ -23,8 +23,8 @@
   beans' columns ``image_file_path`` and ``labels``, loadable with ``load_dataset(DIR/beans)``;
 * ``DIR/text-corpus``: raw English prose laid out like wikitext (column ``text``), for
   masked-language-model pretraining, loadable with ``load_dataset(DIR/text-corpus)``;
-* ``DIR/tiny-qwen3``, ``DIR/tiny-llama3``, ``DIR/instructions``: decoders with chat
-  tokenizers and a Dolly-like instruction set (``decoder_fixtures``);
+* ``DIR/tiny-qwen3``, ``DIR/tiny-llama3``, ``DIR/tiny-gemma3``, ``DIR/instructions``:
+  decoders with chat tokenizers and a Dolly-like instruction set (``decoder_fixtures``);
 * ``DIR/engines`` (where transformers' TF classes are): a tiny fine-tuned-shaped checkpoint
   of each family the Keras 3 engine trains, with the TF engine's numbers on a batch
   (DistilBERT's beside ``tf_model.h5``, as ``distilbert-base-cased`` is on the hub).
@@ -98,7 +98,7 @@ __all__ = [
 ]
 
 
-FIXTURES_VERSION = 24
+FIXTURES_VERSION = 25
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
@@ -1170,6 +1170,7 @@ NOTEBOOK_FIXTURES = (
     "text-corpus",
     "tiny-qwen3",
     "tiny-llama3",
+    "tiny-gemma3",
     "instructions",
 )
 
@@ -1199,7 +1200,11 @@ def _write_staged(staging: Path, seed: int, train_rows: dict, references: bool) 
     write_tiny_deberta_v3(staging / "tiny-deberta-v3", corpus, seed)
     write_text_corpus(staging / "text-corpus")
     chats = decoder_fixtures.decoder_corpus(seed)
-    for name, model_type in (("tiny-qwen3", "qwen3"), ("tiny-llama3", "llama")):
+    for name, model_type in (
+        ("tiny-qwen3", "qwen3"),
+        ("tiny-llama3", "llama"),
+        ("tiny-gemma3", "gemma3_text"),
+    ):
         decoder_fixtures.write_tiny_decoder(staging / name, model_type, chats, seed)
     decoder_fixtures.write_instructions(staging / "instructions", seed)
     if references:
