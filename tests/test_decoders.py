@@ -456,7 +456,7 @@ def test_a_checkpoint_the_notebook_cannot_take_is_refused_with_the_fix(fixtures_
     gemma = json.loads((fixtures_dir / "tiny-gemma3" / "config.json").read_text())
     for change, named in [
         ({"model_type": "gemma3"}, "vision tower.*Fix: google/gemma-3-1b-it"),
-        ({"layer_types": ["full_attention"] * 7}, "layer_types.*Fix"),
+        ({"layer_types": ["full_attention"] * 6}, "layer_types.*Fix"),
         ({"rope_local_base_freq": 5e4}, r"rotary bases \(1000000.0, 50000.0\).*Fix"),
         ({"query_pre_attn_scalar": 12}, "query_pre_attn_scalar 12.*Fix"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'.*Fix"),

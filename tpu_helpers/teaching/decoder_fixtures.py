@@ -104,9 +104,9 @@ DECODER_FAMILIES = {
         "config": {
             "hidden_activation": "gelu_pytorch_tanh",
             "attention_bias": False,
-            "num_hidden_layers": 7,
+            "num_hidden_layers": 6,
             "sliding_window": 4,
-            "layer_types": ["sliding_attention"] * 5 + ["full_attention", "sliding_attention"],
+            "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
             "rope_theta": 1_000_000.0,
             "rope_local_base_freq": 10_000.0,
             "rope_scaling": None,
@@ -133,7 +133,7 @@ def tiny_decoder_config(model_type: str, vocab_size: int, **overrides) -> dict:
     """``config.json`` of a tiny ``model_type`` decoder: 2 layers, 8 query heads sharing 4
     key-value heads (grouped-query attention, as every such checkpoint on the hub; a model
     axis of 4 splits both), head size 8 (Qwen 3's and Gemma 3's are their own) or 4 (Llama's:
-    hidden / heads); Gemma 3's 7 layers (its sixth attends globally)."""
+    hidden / heads); Gemma 3's 6 layers (the sixth attends globally, the first that does)."""
     family = _family(model_type)
     config = {
         "model_type": model_type,

@@ -98,7 +98,7 @@ __all__ = [
 ]
 
 
-FIXTURES_VERSION = 25
+FIXTURES_VERSION = 26
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
