@@ -46,8 +46,10 @@ def one_count(a):
     mesh = keras.distribution.DeviceMesh(
         (len(devices) // a.model_axis, a.model_axis), ("batch", "model"), devices
     )
+    config = json.loads((Path(a.checkpoint) / "config.json").read_text())
+    layout = notebook_layout(mesh, gemma=config["model_type"] == "gemma3_text")
     keras.distribution.set_distribution(
-        keras.distribution.ModelParallel(layout_map=notebook_layout(mesh), batch_dim_name="batch")
+        keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="batch")
     )
     lm = load(Path(a.checkpoint))
     keras.utils.set_random_seed(0)
