@@ -8,7 +8,8 @@ side in one run (each count in a process of its own: JAX fixes its devices at st
     python benchmarks/decoder_lora.py --checkpoint DIR --devices 1 --model-axis 1 --width 512
 
 The model is notebook 10's: the hub's files read by KerasHub, its layout map over a
-(batch, model) mesh, LoRA on the attention, the packed model of ``tests/test_decoders.py``.
+(batch, model) mesh, LoRA on the attention, its packed model (the page's own cells, run by
+``tests/test_decoders.py``).
 The engine's figure includes putting each batch on the devices (its feeding thread); the
 hand-written step's batches are put there before the clock starts. Off a TPU or GPU the
 devices are simulated CPU devices; a count the machine lacks is skipped.
@@ -54,7 +55,7 @@ def one_count(a):
     lm = load(Path(a.checkpoint))
     keras.utils.set_random_seed(0)
     lm.backbone.enable_lora(a.rank)
-    model = packed_model(lm.backbone, segments=True)
+    model = packed_model(lm, Path(a.checkpoint), a.width)
     model.compile(
         optimizer=keras.optimizers.AdamW(1e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-100),

@@ -42,7 +42,7 @@ def main():
     lm = load(Path(args.fixtures) / "tiny-qwen3")
     keras.utils.set_random_seed(0)  # LoRA's A is drawn: the same in every run
     lm.backbone.enable_lora(4)
-    model = packed_model(lm.backbone, segments=True)
+    model = packed_model(lm, Path(args.fixtures) / "tiny-qwen3", WIDTH)
     model.compile(
         optimizer=keras.optimizers.AdamW(1e-2),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-100),

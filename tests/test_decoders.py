@@ -140,28 +140,33 @@ def load(folder: Path):
     return lm
 
 
-def packed_model(backbone, segments: bool = False):
-    """The notebook's packed model: the backbone's own layers, each decoder layer given a
-    mask of which earlier tokens each token may see (``attention_mask``, or made from
-    ``segment_ids`` inside the model as the notebook makes it); Gemma's embeddings scaled
-    and its blocks taking the mask as their ``padding_mask``."""
-    token_ids = keras.Input((None,), dtype="int32", name="token_ids")
-    if segments:
-        given = keras.Input((None,), dtype="int32", name="segment_ids")
-        ops = keras.ops
-        mask = ops.equal(ops.expand_dims(given, 2), ops.expand_dims(given, 1))
-    else:
-        given = mask = keras.Input((None, None), dtype="bool", name="attention_mask")
-    gemma = type(backbone).__name__.startswith("Gemma")
-    x = backbone.token_embedding(token_ids)
-    if gemma:
-        x = x * keras.ops.cast(backbone.hidden_dim**0.5, x.dtype)
-        decoders.accept_full_masks(backbone)
-    mask_argument = "padding_mask" if gemma else "decoder_attention_mask"
-    for layer in backbone.transformer_layers:
-        x = layer(x, **{mask_argument: mask})
-    logits = backbone.token_embedding(backbone.layer_norm(x), reverse=True)
-    return keras.Model({"token_ids": token_ids, given.name: given}, logits)
+PAGE = ROOT / "notebooks" / "10_decoder_lora_fine_tuning.ipynb"
+
+
+def page_cell(starts: str) -> str:
+    """The source of notebook 10's code cell that starts with ``starts`` (run here as the
+    page writes it, not a copy that could drift from it)."""
+    cells = json.loads(PAGE.read_text())["cells"]
+    (source,) = [
+        "".join(c["source"])
+        for c in cells
+        if c["cell_type"] == "code" and "".join(c["source"]).startswith(starts)
+    ]
+    return source
+
+
+def packed_model(causal_lm, folder: Path, width: int):
+    """Notebook 10's packed model of ``causal_lm`` (read from ``folder``), built by the
+    page's own cells: its ``allowed`` mask (the exercise's solution) and the model cell, for
+    rows of ``width`` tokens. Takes ``token_ids`` and ``segment_ids`` (0 is padding); gives
+    float32 logits."""
+    config = json.loads((folder / "config.json").read_text())
+    namespace = {"keras": keras, "np": np, "decoders": decoders, "config": config}
+    namespace.update(causal_lm=causal_lm, sequence_length=width)
+    namespace["gemma"] = config["model_type"] == "gemma3_text"
+    exec(page_cell("# BEGIN EXERCISE: A causal mask"), namespace)
+    exec(page_cell('segments_in = keras.Input((sequence_length,), dtype="int32"'), namespace)
+    return namespace["packed_lm"]
 
 
 def per_token_weights(ds):
@@ -170,24 +175,13 @@ def per_token_weights(ds):
 
 
 def notebook_layout(mesh, gemma: bool = False):
-    """Notebook 10's layout map: heads and the MLP's inner units over ``model`` (KerasHub's
-    Gemma lays its query, key and value kernels out heads first)."""
-    by_heads = ("model", None, None) if gemma else (None, "model", None)
-    up, down = (
-        "feedforward_(gate|intermediate)_dense|ffw_gating(_2)?",
-        "feedforward_output_dense|ffw_linear",
-    )
-    layout = keras.distribution.LayoutMap(mesh)
-    layout["token_embedding/embeddings"] = (None, "model")
-    layout["token_embedding/reverse_embeddings"] = ("model", None)
-    layout[".*attention/(query|key|value)/kernel"] = by_heads
-    layout[".*attention/attention_output/kernel"] = ("model", None, None)
-    layout[f".*({up})/kernel"] = (None, "model")
-    layout[f".*({down})/kernel"] = ("model", None)
-    layout[".*attention/(query|key|value)/lora_kernel_a"] = by_heads
-    layout[f".*({up})/lora_kernel_b"] = (None, "model")
-    layout[f".*({down})/lora_kernel_a"] = ("model", None)
-    return layout
+    """Notebook 10's layout map over ``mesh``, made by the page's own lines (those of its
+    model cell before the distribution is set): heads and the MLP's inner units over
+    ``model``, the heads' axis first in KerasHub's Gemma."""
+    source = page_cell('by_heads = ("model", None, None) if gemma')
+    namespace = {"keras": keras, "mesh": mesh, "gemma": gemma}
+    exec(source.split("keras.distribution.set_distribution(")[0], namespace)
+    return namespace["layout"]
 
 
 def relative_gap(got, want) -> float:
@@ -228,20 +222,17 @@ def test_kerashub_alone_computes_other_norms_than_the_hub(fixtures_dir, name, ch
 def test_packed_rows_give_each_example_its_own_logits(fixtures_dir, name):
     folder = fixtures_dir / name
     lm = load(folder)
-    model = packed_model(lm.backbone)
     examples = [[5, 9, 23, 40, 2], [7, 81, 30], [11, 12, 13, 14, 15, 16]]
     row = np.concatenate(examples)
-    segments = np.repeat(np.arange(len(examples)), [len(e) for e in examples])
-    same = segments[:, None] == segments[None, :]
-    packed = np.asarray(model({"token_ids": row[None], "attention_mask": same[None]})[0])
+    model = packed_model(lm, folder, len(row))
+    segments = np.repeat(np.arange(1, len(examples) + 1), [len(e) for e in examples])
+    packed = np.asarray(model({"token_ids": row[None], "segment_ids": segments[None]})[0])
     starts = np.cumsum([0] + [len(e) for e in examples])
     for e, start in zip(examples, starts, strict=False):
         alone = reference_logits(folder, np.asarray(e))
         assert relative_gap(packed[start : start + len(e)], alone) < TOLERANCE
     # the reference tells a mask that lets examples see each other apart
-    leaky = np.asarray(
-        model({"token_ids": row[None], "attention_mask": np.ones_like(same)[None]})[0]
-    )
+    leaky = np.asarray(model({"token_ids": row[None], "segment_ids": np.ones_like(row)[None]})[0])
     second = slice(starts[1], starts[2])
     assert relative_gap(leaky[second], reference_logits(folder, np.asarray(examples[1]))) > 1e-3
     if "gemma" in name:  # its blocks' own masks (a padding mask, a cache) are as they were
@@ -329,6 +320,20 @@ def test_the_peft_adapter_adds_what_the_merged_export_added(fixtures_dir, tmp_pa
         added = merged[f"{module}.weight"] - base[f"{module}.weight"]
         assert config["rank_pattern"][short] == a.shape[0] and b.shape[1] == a.shape[0]
         assert np.abs(delta - added).max() < 1e-5 * max(1.0, np.abs(added).max()), module
+
+
+def test_a_gemma_block_that_makes_its_mask_otherwise_is_refused_by_name():
+    """``accept_full_masks`` replaces a private method of KerasHub 0.32's Gemma 3 block; a
+    release whose method takes other arguments is refused, not patched blindly."""
+    from tpu_helpers.core.errors import EngineError
+    from tpu_helpers.keras3.internals import take_full_masks
+
+    class Block:
+        def _compute_attention_mask(self, x, padding_mask, cache=None):
+            return padding_mask
+
+    with pytest.raises(EngineError, match=r"Block._compute_attention_mask .*keras-hub==0.32.0"):
+        take_full_masks(Block())
 
 
 def test_a_converter_step_other_than_a_rearrangement_is_refused():
@@ -556,7 +561,7 @@ def test_a_resume_onto_other_frozen_weights_is_refused_naming_them(fixtures_dir,
         path = "transformer_layer_1/self_attention/key/kernel"  # frozen; 1,024 elements
         kernel = next(w for w in lm.backbone.weights if w.path == path)
         kernel.assign(kernel + change)
-        model = packed_model(lm.backbone, segments=True)
+        model = packed_model(lm, fixtures_dir / "tiny-qwen3", 16)
         model.compile(
             optimizer=keras.optimizers.SGD(1e-3),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

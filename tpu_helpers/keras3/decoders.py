@@ -363,22 +363,14 @@ def accept_full_masks(backbone) -> None:
     ``[rows, T, T]`` (which key each query may see) as its ``padding_mask``, as Qwen's and
     Llama's layers take one as ``decoder_attention_mask``, and-combined with the block's
     causal mask as theirs is: KerasHub 0.32's block builds its mask from a padding mask
-    only. The sliding window of its local layers still applies on top. A padding mask of one row per token, and generation (with a cache),
-    go on as before. Nothing changes in other families' layers."""
-    import keras
+    only (``internals.take_full_masks`` replaces the method that does). The sliding window
+    of its local layers still applies on top. A padding mask of one row per token, and
+    generation (with a cache), go on as before. Other families' layers are left as they are."""
+    from tpu_helpers.keras3.internals import take_full_masks
 
     for block in backbone.transformer_layers:
-        if not hasattr(block, "_compute_attention_mask") or hasattr(block, "_own_mask"):
-            continue
-        block._own_mask = block._compute_attention_mask
-
-        def compute(x, padding_mask, vision_mask, cache, cache_update_index, block=block):
-            if cache is None and padding_mask is not None and len(padding_mask.shape) == 3:
-                causal = block._own_mask(x, None, vision_mask, cache, cache_update_index)
-                return keras.ops.logical_and(causal, keras.ops.cast(padding_mask, "bool"))
-            return block._own_mask(x, padding_mask, vision_mask, cache, cache_update_index)
-
-        block._compute_attention_mask = compute
+        if type(block).__name__ == "Gemma3DecoderBlock":
+            take_full_masks(block)
 
 
 def replicated_weights(model, axis: str = "model", min_elements: int = 1 << 16) -> list[str]:

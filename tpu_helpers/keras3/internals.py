@@ -16,6 +16,8 @@ Keras 3 stack, so that a release that moves or changes one fails there, naming i
                            as ``fit`` does first: ``Trainer._symbolic_build``
 ``compiled_with``          what a ``compile`` call set (each call makes new loss and
                            metrics containers): ``Trainer._compile_loss``/``_compile_metrics``
+``take_full_masks``        a Gemma 3 decoder block taking a whole attention mask as its
+                           padding mask: ``Gemma3DecoderBlock._compute_attention_mask``
 =========================  ==============================================================
 """
 
@@ -27,6 +29,7 @@ __all__ = [
     "sublayers",
     "build_for_training",
     "compiled_with",
+    "take_full_masks",
 ]
 
 
@@ -69,3 +72,38 @@ def compiled_with(model) -> tuple:
         getattr(model, "_compile_loss", None),
         getattr(model, "_compile_metrics", None),
     )
+
+
+#: The arguments of KerasHub 0.32's ``Gemma3DecoderBlock._compute_attention_mask``.
+_MASK_ARGUMENTS = ["x", "padding_mask", "vision_mask", "cache", "cache_update_index"]
+
+
+def take_full_masks(block) -> None:
+    """Make ``block`` (a KerasHub ``Gemma3DecoderBlock``) take a ``[rows, T, T]`` mask as its
+    ``padding_mask``, and-combined with its causal mask; its own method makes every other
+    mask (a padding mask of one row per token, generation's with a cache). Done once per
+    block. A KerasHub whose block makes its mask otherwise is refused, naming the method."""
+    import inspect
+
+    import keras
+
+    from tpu_helpers.core.errors import EngineError
+
+    if hasattr(block, "_own_mask"):
+        return
+    own = getattr(block, "_compute_attention_mask", None)
+    if own is None or list(inspect.signature(own).parameters) != _MASK_ARGUMENTS:
+        raise EngineError(
+            f"{type(block).__name__}._compute_attention_mask is not KerasHub 0.32's"
+            f" ({', '.join(_MASK_ARGUMENTS)}): packed rows cannot be given to this KerasHub's"
+            " Gemma 3. Fix: pip install keras-hub==0.32.0."
+        )
+    block._own_mask = own
+
+    def compute(x, padding_mask, vision_mask, cache, cache_update_index):
+        if cache is None and padding_mask is not None and len(padding_mask.shape) == 3:
+            causal = own(x, None, vision_mask, cache, cache_update_index)
+            return keras.ops.logical_and(causal, keras.ops.cast(padding_mask, "bool"))
+        return own(x, padding_mask, vision_mask, cache, cache_update_index)
+
+    block._compute_attention_mask = compute
