@@ -437,6 +437,17 @@ def test_replicated_weights_names_what_a_layout_left_whole(fixtures_dir):
     assert "token_embedding/embeddings" in decoders.replicated_weights(
         load(fixtures_dir / "tiny-qwen3"), min_elements=1000
     )
+    # one device (Colab's v5e-1): Keras places each weight on it whole, nothing to split
+    one = keras.distribution.DeviceMesh((1, 1), ("batch", "model"), devices[:1])
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(
+            layout_map=keras.distribution.LayoutMap(one), batch_dim_name="batch"
+        )
+    )
+    try:
+        assert decoders.replicated_weights(load(fixtures_dir / "tiny-qwen3"), min_elements=1) == []
+    finally:
+        keras.distribution.set_distribution(before)
 
 
 @pytest.mark.parametrize("name, mlp", [("tiny-qwen3", False), ("tiny-gemma3", True)])

@@ -376,7 +376,14 @@ def accept_full_masks(backbone) -> None:
 def replicated_weights(model, axis: str = "model", min_elements: int = 1 << 16) -> list[str]:
     """The paths of ``model``'s weights of at least ``min_elements`` elements that no
     layout splits over the mesh's ``axis`` (each device of it would hold them whole): what
-    a layout map missed. Every large weight when no ``ModelParallel`` layout was set."""
+    a layout map missed. Every large weight when no ``ModelParallel`` layout was set; none
+    when the distribution's mesh is one device (Keras then places each weight on it whole,
+    without a layout: there is nothing to split)."""
+    import keras
+
+    mesh = getattr(keras.distribution.distribution(), "device_mesh", None)
+    if mesh is not None and np.size(mesh.devices) == 1:
+        return []
     missed = []
     for variable in model.weights:
         if int(np.prod(variable.shape)) < min_elements:
