@@ -351,6 +351,9 @@ def test_a_converter_step_other_than_a_rearrangement_is_refused():
 
     keras_side = heads_first(hub, [2, 4, 3])
     assert np.array_equal(_to_hub_layout(keras_side, heads_first, (6, 4), "q"), hub)
+    assert np.array_equal(_to_hub_layout(hub.ravel(), None, (6, 4), "q"), hub)  # a reshape
+    with pytest.raises(EngineError, match="q: "):  # no hook, and the sizes differ
+        _to_hub_layout(hub[:5], None, (6, 4), "q")
     for hook in (lambda x, _: x.T * 2.0, lambda x, _: x.T + 1):
         with pytest.raises(EngineError, match="q: .*other than a reshape.*save_to_preset"):
             _to_hub_layout(hook(hub, None), hook, (6, 4), "q")

@@ -72,8 +72,11 @@ HUB_MODULES = {
     "key": "self_attn.k_proj",
     "value": "self_attn.v_proj",
     "attention_output": "self_attn.o_proj",
-    **dict(zip(LORA_MLP, ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"), strict=True)),
-    **dict(zip(GEMMA_MLP, ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"), strict=True)),
+    **{
+        name: f"mlp.{proj}_proj"
+        for names in (LORA_MLP, GEMMA_MLP)
+        for name, proj in zip(names, ("gate", "up", "down"), strict=True)
+    },
 }
 
 #: High-bandwidth memory of one TPU v5e chip (Colab's v5e-1, Kaggle's v5e-8).
@@ -528,10 +531,10 @@ def _to_hub_layout(value: np.ndarray, hook, shape: tuple, name: str) -> np.ndarr
     converter's function from the hub's tensor to Keras' (a reshape, a transpose, or both).
     The hook applied to the hub's element numbers says where each element went; a hook that
     computes more than a rearrangement is refused (its result is checked)."""
-    if hook is None:
+    if hook is None and value.size == int(np.prod(shape)):
         return np.ascontiguousarray(value.reshape(shape))
     numbers = np.arange(int(np.prod(shape))).reshape(shape)
-    moved = np.asarray(hook(numbers, list(value.shape)))
+    moved = np.asarray(hook(numbers, list(value.shape))) if hook else numbers
     if moved.shape == value.shape and np.array_equal(np.sort(moved, axis=None), numbers.ravel()):
         hub = np.empty(numbers.size, value.dtype)
         hub[moved.ravel()] = value.ravel()
