@@ -498,6 +498,26 @@ def test_a_checkpoint_the_notebook_cannot_take_is_refused_with_the_fix(fixtures_
         decoders.require_chat_template(tokenizer, "tiny-qwen3")
 
 
+def test_a_gated_model_without_a_token_names_a_login_that_runs_as_written(monkeypatch):
+    import re
+
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError
+
+    def gated(name, **options):  # as the hub answers a download without an accepted token
+        error = GatedRepoError.__new__(GatedRepoError)  # (its __init__ wants an HTTP reply)
+        Exception.__init__(error, f"401: {name} is gated")
+        raise error
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", gated)
+    with pytest.raises(InputError, match="google/gemma-3-1b-it is gated.*Fix") as refused:
+        decoders.hub_folder("google/gemma-3-1b-it")
+    snippets = re.findall(r"`([^`]*login\([^`]*)`", str(refused.value))
+    assert [s.split(";")[0].split()[-1] for s in snippets] == ["userdata", "UserSecretsClient"]
+    for snippet in snippets:  # each one imports every name it calls: pasted alone, it runs
+        assert "from huggingface_hub import login;" in snippet, snippet
+
+
 @pytest.mark.parametrize("shape", [(8, 1), (2, 4)])
 def test_the_notebooks_layout_splits_every_large_weight_and_keeps_the_logits(fixtures_dir, shape):
     from tpu_helpers import keras3

@@ -265,6 +265,18 @@ def _trained_and_saved(fixtures_dir, family, folder):
     return model, np.asarray(model(features, training=False))
 
 
+def test_a_model_saved_on_a_bucket_loads_back_from_it(fixtures_dir):
+    """``output_dir`` on ``gs://`` (here ``ram://``, another of TensorFlow's file systems
+    that ``open()`` cannot read): what ``save_hub_layout`` wrote there, ``classifier``
+    reads back, through a local copy."""
+    tf = pytest.importorskip("tensorflow")
+    features, _ = reference(fixtures_dir, "distilbert")
+    model, logits = _trained_and_saved(fixtures_dir, "distilbert", "ram://bucket/saved")
+    assert "model.safetensors" in tf.io.gfile.listdir("ram://bucket/saved")
+    again = keras3.classifier("ram://bucket/saved", verbose=False)
+    np.testing.assert_allclose(np.asarray(again(features, training=False)), logits, atol=1e-5)
+
+
 @pytest.mark.parametrize("family", KERAS3)
 def test_a_trained_model_saved_in_the_hubs_layout_loads_back_with_its_logits(
     fixtures_dir, family, tmp_path

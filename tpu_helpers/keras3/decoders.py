@@ -271,8 +271,9 @@ def _download(name: str) -> Path:
             " then on Colab add the token as the secret HF_TOKEN (the key icon on the left) and"
             " run `from google.colab import userdata; from huggingface_hub import login;"
             " login(userdata.get('HF_TOKEN'))`; on Kaggle add it under Add-ons -> Secrets and run"
-            " `from kaggle_secrets import UserSecretsClient; login(UserSecretsClient()"
-            ".get_secret('HF_TOKEN'))`. Or take an ungated model: Qwen/Qwen3-0.6B."
+            " `from kaggle_secrets import UserSecretsClient; from huggingface_hub import login;"
+            " login(UserSecretsClient().get_secret('HF_TOKEN'))`. Or take an ungated model:"
+            " Qwen/Qwen3-0.6B."
         ) from error
     except RepositoryNotFoundError as error:
         raise InputError(

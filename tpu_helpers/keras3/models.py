@@ -18,6 +18,7 @@ from tpu_helpers.core.errors import (
 )
 from tpu_helpers.core.families import FAMILIES, KERAS3, KERAS3_OTHER_FAMILY_FIX, MLM, Head, MlmHead
 from tpu_helpers.core.messages import say
+from tpu_helpers.core.storage import is_remote, local_copy
 from tpu_helpers.core.validate import check_learning_rate
 from tpu_helpers.core.versions import KERAS_HUB_PIN
 from tpu_helpers.data.hub import HUB_OPTIONS, find_weights, resolve_file
@@ -40,8 +41,8 @@ HEADS = {name: FAMILIES[name].keras3 for name in KERAS3}
 
 
 def checkpoint_folder(checkpoint: str, **options) -> tuple[Path, dict]:
-    """The local folder of ``checkpoint`` (a folder, or a hub name fetched into the cache)
-    and its ``config.json``, refused with the fix unless the engine can read it: PyTorch-
+    """The local folder of ``checkpoint`` (a folder, a hub name fetched into the cache, or a
+    folder on ``gs://`` copied to a temporary one) and its ``config.json``, refused with the fix unless the engine can read it: PyTorch-
     named safetensors of a family in ``HEADS``. ``options`` are the hub's
     (``hub.HUB_OPTIONS``); any other is refused, naming it."""
     unknown = sorted(set(options) - set(HUB_OPTIONS))
@@ -53,6 +54,8 @@ def checkpoint_folder(checkpoint: str, **options) -> tuple[Path, dict]:
             " Fix: check the spelling; class names are given when saving:"
             " save_hub_layout(model, folder, id2label={0: 'neg', 1: 'pos'})."
         )
+    if is_remote(str(checkpoint)) and not str(checkpoint).startswith("hf://"):
+        checkpoint = local_copy(str(checkpoint))  # a save on gs://: read from a local copy
     config_file = resolve_file(str(checkpoint), "config.json", options)
     if not config_file:
         raise CheckpointFormatError(
