@@ -1043,6 +1043,52 @@ def _enough_records(n: int, source: str, global_batch: int, training: bool) -> i
     return n
 
 
+def _record_loader(spec: ImageSpec, source: str, seed: int, training: bool, max_pixels: int):
+    """``load(record, weight, position, epoch)``: an image record parsed, its image checked
+    (complete, not over ``max_pixels``) and decoded to ``spec`` (augmented from ``(seed,
+    epoch, position)`` when ``training``), with its label and ``weight``."""
+    import tensorflow as tf
+
+    features = {
+        "image": tf.io.FixedLenFeature([], tf.string),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+    }
+    where = f"an image record of {source}"
+
+    def load(record, weight, position, epoch):
+        ex = tf.io.parse_single_example(record, features)
+        checks = _size_checks(ex["image"], tf.constant(where), max_pixels, jpeg_only=False)
+        augment_seed = _augmentation_seed(seed, epoch, position) if training else None
+        with tf.control_dependencies(checks):
+            image = decode_image(ex["image"], spec, seed=augment_seed)
+        return image, tf.cast(ex["label"], tf.int32), weight
+
+    return load
+
+
+def _epoch_records(opened, epoch: int, training: bool, seed: int, shuffle_buffer: int):
+    """The records of ``opened`` shards for ``epoch``, each shard's count checked: in shard
+    order, or with ``training`` the shard order and a buffer of ``shuffle_buffer`` records
+    shuffled from ``(seed, epoch)``."""
+    import tensorflow as tf
+
+    from tpu_helpers.core.pipeline import seed_pair, seeded_shuffle
+    from tpu_helpers.data.records.read import checked_records
+
+    files = [s.path for s in opened.shards]
+    order = tf.range(len(files))
+    if training:
+        at = tf.constant(epoch, tf.int64)
+        order = tf.random.experimental.stateless_shuffle(order, seed_pair(seed, at, 0))
+    counts = tf.constant([s.num_records for s in opened.shards], tf.int64)
+    ds = checked_records(
+        tf.gather(files, order), tf.gather(counts, order), opened.compression or ""
+    )
+    if training:
+        ds = seeded_shuffle(ds, shuffle_buffer, seed_pair(seed, at, 1))
+    return ds
+
+
 def image_record_batches(
     source: str,
     spec: ImageSpec,
@@ -1061,39 +1107,20 @@ def image_record_batches(
     one batch are refused."""
     import tensorflow as tf
 
-    from tpu_helpers.core.pipeline import Batches, seed_pair, seeded_shuffle
+    from tpu_helpers.core.pipeline import Batches
     from tpu_helpers.data.records import open_records
-    from tpu_helpers.data.records.read import checked_records, with_counts
+    from tpu_helpers.data.records.read import with_counts
 
     check_positive(global_batch=global_batch)
     opened = with_counts(open_records(source))
     n = _enough_records(opened.num_records, source, global_batch, training)
     files = [s.path for s in opened.shards]
     compression = opened.compression or ""
-    features = {
-        "image": tf.io.FixedLenFeature([], tf.string),
-        "label": tf.io.FixedLenFeature([], tf.int64),
-    }
     steps = -(-n // global_batch)
-    where = f"an image record of {source}"
-
-    def load(record, weight, position, epoch):
-        ex = tf.io.parse_single_example(record, features)
-        checks = _size_checks(ex["image"], tf.constant(where), max_pixels, jpeg_only=False)
-        augment_seed = _augmentation_seed(seed, epoch, position) if training else None
-        with tf.control_dependencies(checks):
-            image = decode_image(ex["image"], spec, seed=augment_seed)
-        return image, tf.cast(ex["label"], tf.int32), weight
+    load = _record_loader(spec, source, seed, training, max_pixels)
 
     def build(epoch, skip_steps, input_context):
-        order = tf.range(len(files))
-        if training:
-            at = tf.constant(epoch, tf.int64)
-            order = tf.random.experimental.stateless_shuffle(order, seed_pair(seed, at, 0))
-        counts = tf.constant([s.num_records for s in opened.shards], tf.int64)
-        ds = checked_records(tf.gather(files, order), tf.gather(counts, order), compression)
-        if training:
-            ds = seeded_shuffle(ds, shuffle_buffer, seed_pair(seed, at, 1))
+        ds = _epoch_records(opened, epoch, training, seed, shuffle_buffer)
         real = ds.map(lambda r: (r, tf.constant(1.0)))
         fillers = tf.data.TFRecordDataset(files[0], compression_type=compression).repeat()
         fillers = fillers.take(steps * global_batch - n).map(lambda r: (r, tf.constant(0.0)))

@@ -267,46 +267,25 @@ def packed_batches(
     empty rows (every weight 0): each example is used exactly once per epoch with weight 1.
     ``batches.padding`` describes the packing of the first epoch (``pack_report``). Labels
     are checked (whole numbers from 0, below ``num_labels`` when it is given)."""
-    import tensorflow as tf
-
     from tpu_helpers.core.pipeline import Batches
 
     check_positive(width=width, global_batch=global_batch, max_per_row=max_per_row, epochs=epochs)
-    check_same_length(input_ids=input_ids, labels=labels, token_type_ids=token_type_ids)
-    labels = check_labels(labels, num_labels, "labels")
-    lengths = [len(ids) for ids in input_ids]
-    _check_some(lengths)
-    if token_type_ids is not None:  # one type per token, refused here rather than at a step
-        _types_in_order(token_type_ids, input_ids, np.arange(len(lengths)), np.asarray(lengths))
+    labels, lengths = _checked_labels_and_lengths(input_ids, labels, token_type_ids, num_labels)
     packings = [_epoch_rows(lengths, width, max_per_row, seed, e) for e in range(epochs)]
     steps = max(-(-len(rows) // global_batch) for rows in packings)
-
-    def build(epoch, skip_steps, input_context):
-        if epoch >= epochs:
-            raise InputError(
-                f"epoch={epoch}: the packing was planned for {epochs} epochs (0 to"
-                f" {epochs - 1}). Fix: packed_batches(..., epochs=) the run's epochs."
-            )
-        arrays = _filled(
-            packed_arrays(
-                input_ids,
-                labels,
-                packings[epoch],
-                width,
-                max_per_row,
-                pad_token_id,
-                token_type_ids,
-            ),
-            steps * global_batch,
-            pad_token_id,
-        )
-        arrays = {k: v[skip_steps * global_batch :] for k, v in arrays.items()}
-        features = {k: v for k, v in arrays.items() if k not in ("labels", "weights")}
-        ds = tf.data.Dataset.from_tensor_slices((features, arrays["labels"], arrays["weights"]))
-        return ds.batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-
+    planned = _PackedEpochs(
+        input_ids=input_ids,
+        labels=labels,
+        token_type_ids=token_type_ids,
+        packings=packings,
+        width=width,
+        max_per_row=max_per_row,
+        pad_token_id=pad_token_id,
+        global_batch=global_batch,
+        steps=steps,
+    )
     return Batches(
-        build,
+        planned.build,
         steps,
         global_batch,
         examples=len(lengths),
@@ -314,3 +293,59 @@ def packed_batches(
         max_width=width,
         name="packed batches",
     )
+
+
+def _checked_labels_and_lengths(input_ids, labels, token_type_ids, num_labels):
+    """``(labels, lengths)``: the labels checked (whole numbers from 0, below
+    ``num_labels`` when it is given) and the examples' lengths; refuses no examples and,
+    with ``token_type_ids``, other than one type per token."""
+    check_same_length(input_ids=input_ids, labels=labels, token_type_ids=token_type_ids)
+    labels = check_labels(labels, num_labels, "labels")
+    lengths = [len(ids) for ids in input_ids]
+    _check_some(lengths)
+    if token_type_ids is not None:  # one type per token, refused here rather than at a step
+        _types_in_order(token_type_ids, input_ids, np.arange(len(lengths)), np.asarray(lengths))
+    return labels, lengths
+
+
+@dataclass(frozen=True, eq=False)
+class _PackedEpochs:
+    """The epochs of ``packed_batches``: epoch ``e`` is the rows ``packings[e]``, completed
+    to ``steps`` batches of ``global_batch`` rows with empty ones."""
+
+    input_ids: Sequence[Sequence[int]]
+    labels: np.ndarray
+    token_type_ids: Sequence[Sequence[int]] | None
+    packings: list[list[list[int]]]
+    width: int
+    max_per_row: int
+    pad_token_id: int
+    global_batch: int
+    steps: int
+
+    def build(self, epoch: int, skip_steps: int, input_context):
+        import tensorflow as tf
+
+        epochs, global_batch = len(self.packings), self.global_batch
+        if epoch >= epochs:
+            raise InputError(
+                f"epoch={epoch}: the packing was planned for {epochs} epochs (0 to"
+                f" {epochs - 1}). Fix: packed_batches(..., epochs=) the run's epochs."
+            )
+        arrays = _filled(
+            packed_arrays(
+                self.input_ids,
+                self.labels,
+                self.packings[epoch],
+                self.width,
+                self.max_per_row,
+                self.pad_token_id,
+                self.token_type_ids,
+            ),
+            self.steps * global_batch,
+            self.pad_token_id,
+        )
+        arrays = {k: v[skip_steps * global_batch :] for k, v in arrays.items()}
+        features = {k: v for k, v in arrays.items() if k not in ("labels", "weights")}
+        ds = tf.data.Dataset.from_tensor_slices((features, arrays["labels"], arrays["weights"]))
+        return ds.batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -163,6 +163,53 @@ def _round_up(value: int, multiple: int) -> int:
     return int(math.ceil(value / multiple) * multiple)
 
 
+def _check_max_shapes(max_shapes) -> None:
+    """``InputError`` unless ``max_shapes`` is a whole number of batch widths, at least 1."""
+    if isinstance(max_shapes, bool) or not isinstance(max_shapes, int | np.integer):
+        raise InputError(
+            f"max_shapes={max_shapes!r} is a {type(max_shapes).__name__}, not a whole number"
+            " of batch widths. Fix: an int such as max_shapes=4 (each width is one XLA"
+            " compilation; 2 to 8 is usual)."
+        )
+    if max_shapes < 1:
+        raise InputError(
+            f"max_shapes={max_shapes} must be at least 1. Fix: an int such as max_shapes=4"
+            " (each width is one XLA compilation; 2 to 8 is usual)."
+        )
+
+
+def _least_padding_widths(
+    widths: np.ndarray, count: np.ndarray, total: np.ndarray, max_shapes: int
+) -> list[int]:
+    """At most ``max_shapes`` of the candidate ``widths`` (fewer than them), the widest
+    always among them, that pad least, sorted: ``count[j]`` and ``total[j]`` are the
+    examples, and their tokens, that fit ``widths[j]``. Dynamic programming; ties go to
+    fewer widths, then to narrower ones."""
+    s = len(widths)
+    # best[k, j]: least padding of the examples up to widths[j] with k + 1 widths, the
+    # widest widths[j]; one numpy pass per k (float64 counts tokens exactly below 2**53)
+    best = np.full((max_shapes, s), np.inf)
+    back = np.full((max_shapes, s), -1)
+    best[0] = count * widths - total
+    rows = np.arange(s)
+    block = max(1, 2**21 // s)  # columns at once: at most 2M cells (16 MB) an array
+    for k in range(1, max_shapes):
+        for start in range(0, s, block):
+            cols = rows[start : start + block]
+            # cost[i, j]: k widths up to widths[i], then those after it padded to widths[j]
+            pad = (count[cols] - count[:, None]) * widths[cols] - (total[cols] - total[:, None])
+            cost = np.where(rows[:, None] < cols, best[k - 1][:, None] + pad, np.inf)
+            arg = cost.argmin(axis=0)  # the first minimum: the narrower width on ties
+            best[k, cols] = cost[arg, np.arange(len(cols))]
+            back[k, cols] = np.where(np.isfinite(best[k, cols]), arg, -1)
+    k, j, bounds = int(np.argmin(best[:, -1])), s - 1, []  # first minimum: fewest widths
+    while j >= 0 and k >= 0:
+        bounds.append(int(widths[j]))
+        j, k = back[k, j], k - 1
+    bounds.sort()
+    return bounds
+
+
 def choose_boundaries(
     lengths: Sequence[int], max_shapes: int = 4, multiple: int = 8, max_length: int | None = None
 ) -> list[int]:
@@ -181,17 +228,7 @@ def choose_boundaries(
     >>> choose_boundaries([5, 6, 7, 9, 12, 12, 30], max_shapes=2000)
     [8, 16, 32]
     """
-    if isinstance(max_shapes, bool) or not isinstance(max_shapes, int | np.integer):
-        raise InputError(
-            f"max_shapes={max_shapes!r} is a {type(max_shapes).__name__}, not a whole number"
-            " of batch widths. Fix: an int such as max_shapes=4 (each width is one XLA"
-            " compilation; 2 to 8 is usual)."
-        )
-    if max_shapes < 1:
-        raise InputError(
-            f"max_shapes={max_shapes} must be at least 1. Fix: an int such as max_shapes=4"
-            " (each width is one XLA compilation; 2 to 8 is usual)."
-        )
+    _check_max_shapes(max_shapes)
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
         raise InputError("choose_boundaries needs at least one length.")
@@ -210,31 +247,10 @@ def choose_boundaries(
     if keep.size == 0 or keep[-1] != len(candidates) - 1:
         keep = np.append(keep, len(candidates) - 1)
     widths, count, total = candidates[keep], count[keep].astype(float), total[keep].astype(float)
-    s = len(widths)
-    if max_shapes >= s:
+    if max_shapes >= len(widths):
         bounds = widths.tolist()  # each its own width: no padding beyond the multiple
     else:
-        # best[k, j]: least padding of the examples up to widths[j] with k + 1 widths, the
-        # widest widths[j]; one numpy pass per k (float64 counts tokens exactly below 2**53)
-        best = np.full((max_shapes, s), np.inf)
-        back = np.full((max_shapes, s), -1)
-        best[0] = count * widths - total
-        rows = np.arange(s)
-        block = max(1, 2**21 // s)  # columns at once: at most 2M cells (16 MB) an array
-        for k in range(1, max_shapes):
-            for start in range(0, s, block):
-                cols = rows[start : start + block]
-                # cost[i, j]: k widths up to widths[i], then those after it padded to widths[j]
-                pad = (count[cols] - count[:, None]) * widths[cols] - (total[cols] - total[:, None])
-                cost = np.where(rows[:, None] < cols, best[k - 1][:, None] + pad, np.inf)
-                arg = cost.argmin(axis=0)  # the first minimum: the narrower width on ties
-                best[k, cols] = cost[arg, np.arange(len(cols))]
-                back[k, cols] = np.where(np.isfinite(best[k, cols]), arg, -1)
-        k, j, bounds = int(np.argmin(best[:, -1])), s - 1, []  # first minimum: fewest widths
-        while j >= 0 and k >= 0:
-            bounds.append(int(widths[j]))
-            j, k = back[k, j], k - 1
-        bounds.sort()
+        bounds = _least_padding_widths(widths, count, total, max_shapes)
     # Widths no example uses are dropped: they would add a shape and save nothing.
     used = np.unique(np.searchsorted(bounds, np.minimum(lengths, bounds[-1])))
     return [int(bounds[i]) for i in used]
@@ -485,20 +501,31 @@ def text_batches(
             ds = transform(ds)
         return ds.prefetch(tf.data.AUTOTUNE)
 
-    return Batches(
-        build,
-        count_steps(lengths, boundaries, global_batch),
-        global_batch,
-        examples=len(lengths),
-        padding=padding_report(lengths, boundaries),
-        max_width=boundaries[-1],
-        widths=tuple(boundaries),
-        order={"seed": seed, "shuffle": shuffle, "group_widths": group_widths},
-        max_label=int(label_values.max()) if label_values.size else None,
-        max_token_id=int(tf.reduce_max(ragged["input_ids"].flat_values)),
-        name="text batches",
-        reads_per_host=True,
-    )
+    steps = count_steps(lengths, boundaries, global_batch)
+    order = {"seed": seed, "shuffle": shuffle, "group_widths": group_widths}
+    details = _text_batches_details(lengths, boundaries, order, label_values, ragged)
+    return Batches(build, steps, global_batch, **details)
+
+
+def _text_batches_details(
+    lengths: np.ndarray, boundaries: list[int], order: dict, label_values: np.ndarray, ragged
+) -> dict:
+    """The keyword arguments of ``text_batches``' ``Batches``: the examples, their padding
+    and widths, the ``order`` options, the largest label and token id, the name, and that
+    each host reads its own replicas' rows."""
+    import tensorflow as tf
+
+    return {
+        "examples": len(lengths),
+        "padding": padding_report(lengths, boundaries),
+        "max_width": boundaries[-1],
+        "widths": tuple(boundaries),
+        "order": order,
+        "max_label": int(label_values.max()) if label_values.size else None,
+        "max_token_id": int(tf.reduce_max(ragged["input_ids"].flat_values)),
+        "name": "text batches",
+        "reads_per_host": True,
+    }
 
 
 def _batch_gatherer(ragged: dict, labels, rows: int):

@@ -39,18 +39,7 @@ def save_hub_layout(
     """
     from tpu_helpers.data.hub import write_hub_weights
 
-    source = getattr(model, "hub_source", None)
-    if not isinstance(source, HubSource):
-        raise EngineError(
-            f"{type(model).__name__} was not made by keras3.classifier, so the hub's names"
-            " of its weights are unknown. Fix: build it with keras3.classifier(checkpoint),"
-            " or save it in the Keras format with model.save('model.keras')."
-        )
-    if "://" not in str(folder) and Path(folder).resolve() == source.folder.resolve():
-        raise InputError(
-            f"{folder} is the folder the model was read from; writing there would replace"
-            " the checkpoint it still reads. Fix: another folder, e.g. f'{output_dir}/model'."
-        )
+    source = _exportable_source(model, folder)
     if "://" in str(folder):  # a bucket: written here, then copied
         import tempfile
 
@@ -70,6 +59,34 @@ def save_hub_layout(
         config = {**_float32_config(source.config), "architectures": [source.mlm.architecture]}
         (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         return [*names, "config.json", *_copy_preprocessing_files(source.folder, folder)]
+    config = _classifier_config(source, id2label)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    copied = _copy_preprocessing_files(source.folder, folder)
+    return [*names, "config.json", *copied]
+
+
+def _exportable_source(model, folder) -> HubSource:
+    """The ``HubSource`` of a model that ``keras3.classifier`` (or ``masked_lm``) made, or
+    an error when it has none or ``folder`` is the folder it was read from."""
+    source = getattr(model, "hub_source", None)
+    if not isinstance(source, HubSource):
+        raise EngineError(
+            f"{type(model).__name__} was not made by keras3.classifier, so the hub's names"
+            " of its weights are unknown. Fix: build it with keras3.classifier(checkpoint),"
+            " or save it in the Keras format with model.save('model.keras')."
+        )
+    if "://" not in str(folder) and Path(folder).resolve() == source.folder.resolve():
+        raise InputError(
+            f"{folder} is the folder the model was read from; writing there would replace"
+            " the checkpoint it still reads. Fix: another folder, e.g. f'{output_dir}/model'."
+        )
+    return source
+
+
+def _classifier_config(source: HubSource, id2label: dict | None) -> dict:
+    """The ``config.json`` of the classifier: the checkpoint's (in float32) with the head's
+    architecture and a name for each class, from ``id2label``, the checkpoint's names
+    when its head has as many classes, or ``LABEL_i``."""
     labels = int(source.layers[-1][1].units)
     named = source.config.get("id2label") or {}
     if len(named) != labels:  # a new head of another size: the checkpoint's names are not its
@@ -82,15 +99,12 @@ def save_hub_layout(
             f"id2label={id2label!r} must name each of the {labels} classes 0..{labels - 1}."
             f" Fix: {{0: 'negative', 1: 'positive'}} for two classes."
         )
-    config = {
+    return {
         **_float32_config(source.config),
         "architectures": [source.head.architecture],
         "id2label": {str(i): name for i, name in sorted(id2label.items())},
         "label2id": {name: i for i, name in sorted(id2label.items())},
     }
-    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    copied = _copy_preprocessing_files(source.folder, folder)
-    return [*names, "config.json", *copied]
 
 
 def _hub_tensors(source: HubSource) -> dict:

@@ -141,16 +141,9 @@ def check_widths(
     ``one_width`` (a run asked for ``padding="max_length"``) or when several would not
     help. Returns the real-token share and prints it next to the share of the helper's
     data-chosen widths."""
-    from tpu_helpers.core.validate import check_boundaries
     from tpu_helpers.data import text
 
-    try:
-        widths = check_boundaries(boundaries)
-    except (TypeError, ValueError) as err:
-        _fail(exercise, str(err))
-    problem = _tpu_width_problem(widths, lengths, max_length, max_shapes)
-    if problem:
-        _fail(exercise, problem)
+    widths = _checked_widths(boundaries, lengths, max_length, max_shapes, exercise)
     share = text.padding_report(lengths, widths).real_token_share
     single = text.padding_report(lengths, [widths[-1]]).real_token_share
     several = text.choose_boundaries(lengths, max_shapes=max_shapes, max_length=max_length)
@@ -184,6 +177,23 @@ def check_widths(
         f" {best:.1%}, one width: {single:.1%})",
     )
     return share
+
+
+def _checked_widths(
+    boundaries: Sequence[int], lengths, max_length: int, max_shapes: int, exercise: str
+) -> list[int]:
+    """The widths of ``boundaries`` as a list, or a failed check when they are no widths
+    or break the TPU's rules (see ``_tpu_width_problem``)."""
+    from tpu_helpers.core.validate import check_boundaries
+
+    try:
+        widths = check_boundaries(boundaries)
+    except (TypeError, ValueError) as err:
+        _fail(exercise, str(err))
+    problem = _tpu_width_problem(widths, lengths, max_length, max_shapes)
+    if problem:
+        _fail(exercise, problem)
+    return widths
 
 
 def _tpu_width_problem(widths: list[int], lengths, max_length: int, max_shapes: int) -> str | None:
@@ -396,27 +406,9 @@ def check_record_batches(
     """The training stream of ``source``: a ``pipeline.Batches`` (what ``read_records``
     returns: any epoch from any step, which resuming needs), of ``global_batch`` rows per
     step (all replicas, not one), padded to ``boundaries``, shuffled with ``seed``."""
-    from tpu_helpers.core.pipeline import Batches
     from tpu_helpers.data import records
 
-    if not isinstance(batches, Batches):
-        _fail(
-            exercise,
-            f"`train_batches` is a {type(batches).__name__}, not the pipeline.Batches that"
-            " records.read_records returns: training needs every epoch from any step (to"
-            " resume) and the steps per epoch. Fix: records.read_records(source,"
-            " global_batch=..., boundaries=..., seed=...).",
-        )
-    if batches.global_batch != global_batch:
-        share = global_batch // batches.global_batch
-        one_replica = share > 1 and share * batches.global_batch == global_batch
-        _fail(
-            exercise,
-            f"its steps take {batches.global_batch} rows, the global batch is {global_batch}"
-            + (f" (that is one replica's share of {share})" if one_replica else "")
-            + ": read_records takes the rows of a whole step over every replica. Fix:"
-            " global_batch=global_batch.",
-        )
+    _check_batches_of_global_steps(batches, global_batch, exercise)
 
     def first_epoch(plan):  # each step's width and labels
         return [(f["input_ids"].shape[1], y.numpy().tolist()) for f, y, _ in plan.dataset(0)]
@@ -448,6 +440,31 @@ def check_record_batches(
     _ok(exercise, f"{steps}, widths {list(boundaries)}, seed {seed}")
 
 
+def _check_batches_of_global_steps(batches, global_batch: int, exercise: str) -> None:
+    """``batches`` is a ``pipeline.Batches`` whose steps take ``global_batch`` rows (the
+    rows of all replicas, not one replica's share)."""
+    from tpu_helpers.core.pipeline import Batches
+
+    if not isinstance(batches, Batches):
+        _fail(
+            exercise,
+            f"`train_batches` is a {type(batches).__name__}, not the pipeline.Batches that"
+            " records.read_records returns: training needs every epoch from any step (to"
+            " resume) and the steps per epoch. Fix: records.read_records(source,"
+            " global_batch=..., boundaries=..., seed=...).",
+        )
+    if batches.global_batch != global_batch:
+        share = global_batch // batches.global_batch
+        one_replica = share > 1 and share * batches.global_batch == global_batch
+        _fail(
+            exercise,
+            f"its steps take {batches.global_batch} rows, the global batch is {global_batch}"
+            + (f" (that is one replica's share of {share})" if one_replica else "")
+            + ": read_records takes the rows of a whole step over every replica. Fix:"
+            " global_batch=global_batch.",
+        )
+
+
 def check_parse_spec(
     spec: dict,
     source,
@@ -465,16 +482,7 @@ def check_parse_spec(
 
     if not isinstance(spec, dict) or not spec:
         _fail(exercise, "spec must be a dict from feature name to tf.io.*Feature.")
-    if isinstance(source, str):
-        shard = source
-        first = next(iter(tf.data.TFRecordDataset([shard], compression_type=compression or "")))
-        columns = sorted(tf.train.Example.FromString(first.numpy()).features.feature)
-    else:
-        columns, shard, compression = (
-            list(source.features),
-            source.shards[0].path,
-            source.compression,
-        )
+    columns, shard, compression = _columns_shard_compression(source, compression)
     missing = [c for c in columns if c not in spec]
     if missing:
         _fail(exercise, f"spec has no entry for {missing}; the records hold {columns}.")
@@ -489,30 +497,11 @@ def check_parse_spec(
     parsed_count = 0
     for serialized in raw.take(records):
         parsed_count += 1
-        try:
-            parsed = tf.io.parse_single_example(serialized, spec)
-        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as err:
-            first = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", str(err).strip())
-            first = first.splitlines()[0][:300]
+        ids, label = _parsed_ids_and_label(serialized, spec, exercise)
+        if (ids, label) not in known:
             _fail(
                 exercise,
-                f"parsing a record with this spec failed: {first}. Each record holds"
-                " input_ids of ITS OWN length (unpadded) and one label: a fixed-length"
-                " feature needs that exact length.",
-            )
-        ids = parsed["input_ids"]
-        if isinstance(ids, tf.SparseTensor):
-            ids = tf.sparse.to_dense(ids)
-        elif isinstance(ids, tf.RaggedTensor):
-            ids = ids.to_tensor()
-        label = np.asarray(parsed["label"]).reshape(-1)
-        if label.size != 1:
-            _fail(exercise, f"label parsed to {label.size} values; each record has one.")
-        ids = tuple(int(v) for v in np.asarray(ids).reshape(-1))
-        if (ids, int(label[0])) not in known:
-            _fail(
-                exercise,
-                f"a record parsed to input_ids {list(ids)[:12]}... label {int(label[0])},"
+                f"a record parsed to input_ids {list(ids)[:12]}... label {label},"
                 " which is no row of the data written: check the dtypes (tf.int64) and that"
                 " nothing is padded or cut.",
             )
@@ -520,6 +509,47 @@ def check_parse_spec(
         exercise,
         f"{parsed_count} record(s) of {shard.rsplit('/', 1)[-1]} parse to rows written",
     )
+
+
+def _columns_shard_compression(source, compression: str) -> tuple[list[str], str, str]:
+    """``(columns, shard, compression)`` of ``source``: an ``open_records`` result (its
+    features, first shard and compression), or the path of a shard written by hand
+    (``compression`` as given, the features read from its first record)."""
+    import tensorflow as tf
+
+    if isinstance(source, str):
+        shard = source
+        first = next(iter(tf.data.TFRecordDataset([shard], compression_type=compression or "")))
+        columns = sorted(tf.train.Example.FromString(first.numpy()).features.feature)
+        return columns, shard, compression
+    return list(source.features), source.shards[0].path, source.compression
+
+
+def _parsed_ids_and_label(serialized, spec: dict, exercise: str) -> tuple[tuple[int, ...], int]:
+    """``(input_ids, label)`` of one record parsed with the learner's ``spec``, or a failed
+    check when it does not parse or holds other than one label."""
+    import tensorflow as tf
+
+    try:
+        parsed = tf.io.parse_single_example(serialized, spec)
+    except (tf.errors.InvalidArgumentError, ValueError, TypeError) as err:
+        first = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", str(err).strip())
+        first = first.splitlines()[0][:300]
+        _fail(
+            exercise,
+            f"parsing a record with this spec failed: {first}. Each record holds"
+            " input_ids of ITS OWN length (unpadded) and one label: a fixed-length"
+            " feature needs that exact length.",
+        )
+    ids = parsed["input_ids"]
+    if isinstance(ids, tf.SparseTensor):
+        ids = tf.sparse.to_dense(ids)
+    elif isinstance(ids, tf.RaggedTensor):
+        ids = ids.to_tensor()
+    label = np.asarray(parsed["label"]).reshape(-1)
+    if label.size != 1:
+        _fail(exercise, f"label parsed to {label.size} values; each record has one.")
+    return tuple(int(v) for v in np.asarray(ids).reshape(-1)), int(label[0])
 
 
 # --- 04 ---------------------------------------------------------------------------------
@@ -851,6 +881,16 @@ def check_schedule(
     def at(step):
         return float(schedule(step))
 
+    _check_warmup(at, learning_rate, warmup, exercise)
+    if optimizer is not None and weight_decay is not None:
+        _check_weight_decay(optimizer, weight_decay, exercise)
+    _check_decay(at, learning_rate, warmup, total_steps, exercise)
+    _ok(exercise, f"0 -> {learning_rate:g} in {warmup} steps, 0 at step {total_steps}")
+
+
+def _check_warmup(at: Callable, learning_rate: float, warmup: int, exercise: str) -> None:
+    """The rate ``at(step)`` rises linearly from 0 to ``learning_rate`` over ``warmup``
+    steps (halfway there at half the warmup)."""
     start = at(0)
     # round() or ceil() for the warmup's steps end it one step later: also right
     peak = max(at(warmup), at(warmup + 1), key=lambda rate: -abs(rate - learning_rate))
@@ -877,8 +917,13 @@ def check_schedule(
             f" {learning_rate * half / warmup:g}: the warmup must rise over {warmup} steps."
             " num_warmup_steps is a number of steps, int(warmup_fraction * total_steps).",
         )
-    if optimizer is not None and weight_decay is not None:
-        _check_weight_decay(optimizer, weight_decay, exercise)
+
+
+def _check_decay(
+    at: Callable, learning_rate: float, warmup: int, total_steps: int, exercise: str
+) -> None:
+    """After ``warmup`` steps the rate ``at(step)`` decays (linearly or as a cosine) to 0
+    at ``total_steps``, the last step of the whole run."""
     end = at(total_steps)
     if end > 0.05 * learning_rate:
         _fail(
@@ -904,7 +949,6 @@ def check_schedule(
             f"total_steps ({total_steps}: every epoch, warmup included); Keras' CosineDecay"
             " decays over decay_steps after its warmup_steps.",
         )
-    _ok(exercise, f"0 -> {learning_rate:g} in {warmup} steps, 0 at step {total_steps}")
 
 
 def _check_weight_decay(optimizer, weight_decay: float, exercise: str) -> None:
@@ -1024,34 +1068,7 @@ def check_in_memory(dataset, features: dict, labels, global_batch: int, exercise
     """The tutorial's pipeline made for a TPU: ``(features, label)`` elements of the arrays
     in ``features`` and ``labels``, the rows shuffled over the whole set (not batches, not
     a window), in batches of ``global_batch`` rows that all have one shape."""
-    import tensorflow as tf
-
-    if not isinstance(dataset, tf.data.Dataset):
-        _fail(
-            exercise,
-            f"`in_memory` is a {type(dataset).__name__}, not a tf.data.Dataset. Fix:"
-            " tf.data.Dataset.from_tensor_slices((dict(enc), labels)), then shuffle and batch.",
-        )
-    spec = dataset.element_spec
-    if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], dict)):
-        _fail(
-            exercise,
-            f"its elements are {spec}, not (features, label) pairs with the features a dict:"
-            " fit splits each element into the model's inputs and its targets. Fix:"
-            " from_tensor_slices((dict(enc), labels)).",
-        )
-    if spec[1].shape.rank == 0:
-        _fail(
-            exercise,
-            "its elements are single rows, not batches: a step takes global_batch rows."
-            " Fix: .batch(global_batch, drop_remainder=True) after the shuffle.",
-        )
-    if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
-        _fail(
-            exercise,
-            "it repeats without end: fit's epochs go over it again each epoch, and a"
-            " repeated set has no epochs to count. Fix: leave out .repeat().",
-        )
+    _check_in_memory_dataset(dataset, exercise)
     ids, labels = np.asarray(features["input_ids"]), np.asarray(labels)
     if len(ids) < global_batch:
         _fail(
@@ -1088,6 +1105,39 @@ def check_in_memory(dataset, features: dict, labels, global_batch: int, exercise
         )
     width = {batch.shape[1] for batch, _ in batches}
     _ok(exercise, f"{len(batches)} batches of {global_batch} rows, one width {width}, shuffled")
+
+
+def _check_in_memory_dataset(dataset, exercise: str) -> None:
+    """``dataset`` is a ``tf.data.Dataset`` of ``(features dict, label)`` batches (not
+    single rows) that ends (does not repeat)."""
+    import tensorflow as tf
+
+    if not isinstance(dataset, tf.data.Dataset):
+        _fail(
+            exercise,
+            f"`in_memory` is a {type(dataset).__name__}, not a tf.data.Dataset. Fix:"
+            " tf.data.Dataset.from_tensor_slices((dict(enc), labels)), then shuffle and batch.",
+        )
+    spec = dataset.element_spec
+    if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], dict)):
+        _fail(
+            exercise,
+            f"its elements are {spec}, not (features, label) pairs with the features a dict:"
+            " fit splits each element into the model's inputs and its targets. Fix:"
+            " from_tensor_slices((dict(enc), labels)).",
+        )
+    if spec[1].shape.rank == 0:
+        _fail(
+            exercise,
+            "its elements are single rows, not batches: a step takes global_batch rows."
+            " Fix: .batch(global_batch, drop_remainder=True) after the shuffle.",
+        )
+    if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+        _fail(
+            exercise,
+            "it repeats without end: fit's epochs go over it again each epoch, and a"
+            " repeated set has no epochs to count. Fix: leave out .repeat().",
+        )
 
 
 def _check_in_memory_rows(rows: list[int], global_batch: int, exercise: str) -> None:

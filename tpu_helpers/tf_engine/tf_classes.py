@@ -116,10 +116,7 @@ def float32_outputs(model):
 def _from_pytorch_names(model_class, checkpoint: str, weights: Weights, kwargs: dict):
     """A TF model built from its config, its weights read from PyTorch-named safetensors."""
     from transformers import AutoConfig
-    from transformers.modeling_tf_pytorch_utils import (
-        _log_key_warnings,
-        load_pytorch_state_dict_in_tf2_model,
-    )
+    from transformers.modeling_tf_pytorch_utils import _log_key_warnings
 
     kwargs = dict(kwargs)
     ignore_mismatched = kwargs.pop("ignore_mismatched_sizes", False)
@@ -133,31 +130,9 @@ def _from_pytorch_names(model_class, checkpoint: str, weights: Weights, kwargs: 
     config.name_or_path = checkpoint
     model = model_class.from_config(config, **kwargs)
     model.build_in_name_scope()
-    infos = []
-    for shard in weights.files:
-        with _PyTorchTensors(shard) as tensors:
-            try:
-                _, info = load_pytorch_state_dict_in_tf2_model(
-                    model,
-                    tensors,
-                    tf_inputs=False,
-                    allow_missing_keys=True,
-                    output_loading_info=True,
-                    ignore_mismatched_sizes=ignore_mismatched,
-                    tf_to_pt_weight_rename=getattr(model, "tf_to_pt_weight_rename", None),
-                    skip_logger_warnings=True,
-                )
-            except TypeError as error:  # its own InvalidArgumentError(message) is malformed
-                if "InvalidArgumentError" not in str(error):
-                    raise
-                raise CheckpointFormatError(
-                    f"A weight in {checkpoint!r} has another shape than {type(model).__name__}"
-                    " makes for this config (a head for another number of labels, most"
-                    " often). Fix: pass ignore_mismatched_sizes=True to start those weights"
-                    " new (transformers names them), or the config the checkpoint was"
-                    " trained with."
-                ) from None
-        infos.append(info)
+    infos = [
+        _shard_loading_info(model, shard, checkpoint, ignore_mismatched) for shard in weights.files
+    ]
     info = {  # missing if no shard had it; unexpected or mismatched if one shard said so
         "missing_keys": sorted(set.intersection(*(set(i["missing_keys"]) for i in infos))),
         "unexpected_keys": sorted({k for i in infos for k in i["unexpected_keys"]}),
@@ -171,6 +146,37 @@ def _from_pytorch_names(model_class, checkpoint: str, weights: Weights, kwargs: 
         class_name=type(model).__name__,
     )
     return (model, info) if with_info else model
+
+
+def _shard_loading_info(model, shard: str, checkpoint: str, ignore_mismatched: bool) -> dict:
+    """The loading info (missing, unexpected and mismatched keys) of one safetensors
+    ``shard`` of ``checkpoint`` read into ``model``; a weight of another shape than the
+    model makes is a ``CheckpointFormatError`` that says how to fix it."""
+    from transformers.modeling_tf_pytorch_utils import load_pytorch_state_dict_in_tf2_model
+
+    with _PyTorchTensors(shard) as tensors:
+        try:
+            _, info = load_pytorch_state_dict_in_tf2_model(
+                model,
+                tensors,
+                tf_inputs=False,
+                allow_missing_keys=True,
+                output_loading_info=True,
+                ignore_mismatched_sizes=ignore_mismatched,
+                tf_to_pt_weight_rename=getattr(model, "tf_to_pt_weight_rename", None),
+                skip_logger_warnings=True,
+            )
+        except TypeError as error:  # its own InvalidArgumentError(message) is malformed
+            if "InvalidArgumentError" not in str(error):
+                raise
+            raise CheckpointFormatError(
+                f"A weight in {checkpoint!r} has another shape than {type(model).__name__}"
+                " makes for this config (a head for another number of labels, most"
+                " often). Fix: pass ignore_mismatched_sizes=True to start those weights"
+                " new (transformers names them), or the config the checkpoint was"
+                " trained with."
+            ) from None
+    return info
 
 
 class _PyTorchTensors(Mapping):

@@ -251,23 +251,14 @@ def write_records(
     output_dir = output_dir.rstrip("/")
     before = _split_state(output_dir, split)
     _refuse_existing(output_dir, split, before, overwrite)
-    # Shards are written into a folder of this writer's own, hidden from readers' globs,
-    # and move next to the others only once all of them (and their metadata) exist.
-    write_id = uuid.uuid4().hex[:12]
-    staging = f"{output_dir}/.writing-{split}-{write_id}"
-    tf.io.gfile.makedirs(staging)
+    staging, write_id = _new_staging_folder(output_dir, split)
     if total is None and hasattr(examples, "__len__"):
         total = len(examples)
     shards = _ShardWriter(staging, split, compression, shard_bytes, shard_records)
     info: dict[str, Column] = {}
     rows = row_chunks(examples, chunk_size, columns)
     written = _write_chunks(rows, shards, info, group_lengths, total, progress)
-    if not written:
-        _remove_tree(staging)
-        raise InputError(
-            "There were no examples to write. Fix: check the data set or split"
-            + (" (the existing records were kept)." if before[1] else ".")
-        )
+    _refuse_nothing_written(written, staging, before)
     metadata = {
         "format": FORMAT,
         "split": split,
@@ -284,6 +275,30 @@ def write_records(
         json.dump(metadata, f, indent=1)
     _commit(staging, output_dir, split, before, [s["file"] for s in metadata["shards"]])
     return metadata
+
+
+def _new_staging_folder(output_dir: str, split: str) -> tuple[str, str]:
+    """``(staging, write_id)``: a new folder of this writer's own under ``output_dir``, and
+    the id that names it."""
+    import tensorflow as tf
+
+    # Shards are written into a folder of this writer's own, hidden from readers' globs,
+    # and move next to the others only once all of them (and their metadata) exist.
+    write_id = uuid.uuid4().hex[:12]
+    staging = f"{output_dir}/.writing-{split}-{write_id}"
+    tf.io.gfile.makedirs(staging)
+    return staging, write_id
+
+
+def _refuse_nothing_written(written: int, staging: str, before: tuple) -> None:
+    """``InputError`` (the ``staging`` folder removed) when no example was ``written``;
+    ``before`` is the split's state before writing (records it held are kept)."""
+    if not written:
+        _remove_tree(staging)
+        raise InputError(
+            "There were no examples to write. Fix: check the data set or split"
+            + (" (the existing records were kept)." if before[1] else ".")
+        )
 
 
 def _refuse_existing(output_dir: str, split: str, before: tuple, overwrite: bool) -> None:
