@@ -30,6 +30,7 @@ from tpu_helpers.core.errors import (  # noqa: E402
     CheckpointFormatError,
     CheckpointMismatchError,
     EngineError,
+    InputError,
     TpuHelpersError,
 )
 from tpu_helpers.core.families import FAMILIES, KERAS3, MLM  # noqa: E402
@@ -275,6 +276,24 @@ def test_a_model_saved_on_a_bucket_loads_back_from_it(fixtures_dir):
     assert "model.safetensors" in tf.io.gfile.listdir("ram://bucket/saved")
     again = keras3.classifier("ram://bucket/saved", verbose=False)
     np.testing.assert_allclose(np.asarray(again(features, training=False)), logits, atol=1e-5)
+
+
+def test_a_save_the_hubs_layout_cannot_hold_is_refused_and_writes_nothing(fixtures_dir, tmp_path):
+    """A model of unknown weight names, a save over the checkpoint the model still reads,
+    and class names that are not one per class: each refused naming the fix, before any
+    file is written."""
+    folder = fixtures_dir / "tiny-distilbert"
+    before = sorted(p.name for p in folder.iterdir())
+    model = keras3.classifier(folder, num_labels=2, verbose=False)
+    plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(EngineError, match="not made by keras3.classifier.*Fix"):
+        keras3.save_hub_layout(plain, tmp_path / "plain")
+    with pytest.raises(InputError, match="the folder the model was read from.*Fix"):
+        keras3.save_hub_layout(model, folder)
+    with pytest.raises(InputError, match=r"id2label=\{0: 'neg'\} must name each of the 2.*Fix"):
+        keras3.save_hub_layout(model, tmp_path / "labels", id2label={0: "neg"})
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert not any((tmp_path / name).exists() for name in ("plain", "labels"))
 
 
 @pytest.mark.parametrize("family", KERAS3)

@@ -53,16 +53,13 @@ def save_hub_layout(
                 gfile.copy(f"{local}/{name}", f"{target}/{name}", overwrite=True)
         return names
     folder = Path(folder)
-    tensors = _hub_tensors(source)
-    names = write_hub_weights(tensors, folder, max_shard_bytes)
     if source.mlm is not None:  # a masked_lm: no labels
         config = {**_float32_config(source.config), "architectures": [source.mlm.architecture]}
-        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-        return [*names, "config.json", *_copy_preprocessing_files(source.folder, folder)]
-    config = _classifier_config(source, id2label)
+    else:  # checked before any file is written: a refused save leaves nothing half done
+        config = _classifier_config(source, id2label)
+    names = write_hub_weights(_hub_tensors(source), folder, max_shard_bytes)
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    copied = _copy_preprocessing_files(source.folder, folder)
-    return [*names, "config.json", *copied]
+    return [*names, "config.json", *_copy_preprocessing_files(source.folder, folder)]
 
 
 def _exportable_source(model, folder) -> HubSource:
