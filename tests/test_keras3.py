@@ -165,14 +165,18 @@ def test_fingerprints_see_any_change_and_not_where_the_array_lies():
     assert fingerprints([split, x]) == [prints[0], prints[0]]
 
 
-def test_a_family_without_a_masked_lm_head_is_refused_with_a_fix_on_this_runtime(fixtures_dir):
+@pytest.mark.parametrize("family", ["electra", "deberta-v2"])
+def test_a_family_without_a_masked_lm_head_is_refused_with_a_fix_on_this_runtime(
+    fixtures_dir, family
+):
     """Continued pretraining of a family whose masked-LM head the engine does not build
-    (ELECTRA's is a generator) is refused before any weight is read, naming the families
-    it builds and where a head is added; the fix stays on the Keras 3 runtime."""
-    with pytest.raises(EngineError, match="'electra' checkpoint") as refused:
-        keras3.masked_lm(fixtures_dir / "engines" / "electra", verbose=False)
+    (ELECTRA's and DeBERTa-v3's checkpoints are discriminators: their masked LM was a
+    separate generator) is refused before any weight is read, saying why, naming the
+    families it builds and where a head is added; the fix stays on the Keras 3 runtime."""
+    with pytest.raises(EngineError, match=f"'{family}' checkpoint.*discriminator") as refused:
+        keras3.masked_lm(fixtures_dir / "engines" / family, verbose=False)
     message = str(refused.value)
-    assert "electra" not in MLM and ", ".join(MLM) in message and "families.py" in message
+    assert family not in MLM and ", ".join(MLM) in message and "families.py" in message
     assert "tf/" not in message and "TF engine" not in message
 
 

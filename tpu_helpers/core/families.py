@@ -6,6 +6,7 @@ packs several examples into one row of it. Nothing here imports TensorFlow, Kera
 ``FAMILIES``       model type -> ``Family`` (every family named anywhere in the package)
 ``KERAS3``         the families the Keras 3 engine trains (``Family.keras3``)
 ``MLM``            those whose masked-LM head it builds too (``Family.mlm``)
+``DISCRIMINATORS`` those pretrained by replaced-token detection: no masked-LM head
 ``KERAS3_PACKED``  those it fine-tunes packed too: its text families (KerasHub's encoder
                    layers take a mask per query and key, its position embeddings, where
                    the family has them, the positions to read)
@@ -33,6 +34,7 @@ __all__ = [
     "FAMILIES",
     "KERAS3",
     "MLM",
+    "DISCRIMINATORS",
     "KERAS3_PACKED",
     "PACKED",
     "OFFSET_POSITIONS",
@@ -339,6 +341,9 @@ KERAS3_OTHER_FAMILY_FIX = (
     " runs: a TPU VM, not Colab's or Kaggle's TPU runtime."
 )
 MLM = tuple(name for name, f in FAMILIES.items() if f.mlm is not None)
+#: Families pretrained by replaced-token detection, whose published checkpoints are mostly the
+#: discriminator: no masked-LM head to continue (ELECTRA's recipe; DeBERTa-v3 took it over).
+DISCRIMINATORS = ("electra", "deberta-v2")
 KERAS3_PACKED = tuple(name for name in KERAS3 if "input_ids" in FAMILIES[name].keras3.inputs)
 PACKED = tuple(sorted(name for name, f in FAMILIES.items() if f.packed is not None))
 OFFSET_POSITIONS = frozenset(name for name, f in FAMILIES.items() if f.offset_positions)

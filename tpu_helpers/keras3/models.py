@@ -16,7 +16,15 @@ from tpu_helpers.core.errors import (
     EngineError,
     InputTypeError,
 )
-from tpu_helpers.core.families import FAMILIES, KERAS3, KERAS3_OTHER_FAMILY_FIX, MLM, Head, MlmHead
+from tpu_helpers.core.families import (
+    DISCRIMINATORS,
+    FAMILIES,
+    KERAS3,
+    KERAS3_OTHER_FAMILY_FIX,
+    MLM,
+    Head,
+    MlmHead,
+)
 from tpu_helpers.core.messages import say
 from tpu_helpers.core.storage import is_remote, local_copy
 from tpu_helpers.core.validate import check_learning_rate
@@ -288,8 +296,14 @@ def masked_lm(checkpoint: str, *, seed: int = 0, verbose: bool = True, **options
     family = config["model_type"]
     recipe = FAMILIES[family].mlm
     if recipe is None:
+        why = (
+            " (pretrained by replaced-token detection: its discriminator checkpoints hold no"
+            " masked-LM head to continue, and the engine does not build a generator's)"
+            if family in DISCRIMINATORS
+            else ""
+        )
         raise EngineError(
-            f"{checkpoint!r} is a {family!r} checkpoint; the Keras 3 engine builds the"
+            f"{checkpoint!r} is a {family!r} checkpoint{why}; the Keras 3 engine builds the"
             f" masked-LM head of {', '.join(MLM)}. Fix: continue pretraining a checkpoint"
             " of one of those families, or add this family's head (``MlmHead``) to its"
             " entry in tpu_helpers/core/families.py."
