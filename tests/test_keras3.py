@@ -282,6 +282,27 @@ def test_a_model_saved_on_a_bucket_loads_back_from_it(fixtures_dir):
     np.testing.assert_allclose(np.asarray(again(features, training=False)), logits, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["electra", "deberta-v2", "deit", "swin"])
+def test_the_hubs_sharded_layout_gives_the_logits_of_one_file(fixtures_dir, family, tmp_path):
+    """A large checkpoint comes as shards and their index (``model-00001-of-0000N``): the
+    families KerasHub does not read from the hub (ELECTRA, DeBERTa-v3: the engine's
+    converters) and those it does (DeiT, Swin) read from shards give transformers' logits."""
+    from safetensors.numpy import load_file
+
+    from tpu_helpers.data.hub import write_hub_weights
+
+    sharded = tmp_path / "sharded"
+    shutil.copytree(fixtures_dir / "engines" / family, sharded)
+    tensors = load_file(sharded / "model.safetensors")
+    third = sum(v.nbytes for v in tensors.values()) // 3
+    names = write_hub_weights(tensors, sharded, max_shard_bytes=third)
+    assert "model.safetensors.index.json" in names and len(names) >= 4, names
+    assert not (sharded / "model.safetensors").exists()
+    features, ref = reference(fixtures_dir, family)
+    model = keras3.classifier(sharded, verbose=False)
+    assert max_logit_gap(model, features, ref["logits"]) < TOLERANCE
+
+
 def test_a_save_the_hubs_layout_cannot_hold_is_refused_and_writes_nothing(fixtures_dir, tmp_path):
     """A model of unknown weight names, a save over the checkpoint the model still reads,
     and class names that are not one per class: each refused naming the fix, before any
