@@ -98,7 +98,7 @@ __all__ = [
 ]
 
 
-FIXTURES_VERSION = 26
+FIXTURES_VERSION = 27
 COLA_SPLITS = {"train": 8551, "validation": 1043}
 COLA_LABELS = ("unacceptable", "acceptable")
 MRPC_SPLITS = {"train": 3668, "validation": 408}
@@ -1035,17 +1035,20 @@ def _without_dropout(config):
 
 
 def _reference_batch(family: str, tokenizer, corpus: list[str], rng) -> dict:
-    """8 rows padded to one width, with padding (and a second segment for the families
-    with token types: BERT, ALBERT, ELECTRA)."""
+    """8 rows padded to one width: four single sentences, then four sentence pairs, each
+    as the family's tokenizer joins them, with the features the Keras 3 engine takes for
+    the family (token types for BERT, ALBERT and ELECTRA)."""
     import numpy as np
+
+    from tpu_helpers.core.families import FAMILIES
 
     rows = [corpus[i] for i in rng.choice(len(corpus), 8, replace=False)]
     if tokenizer is None:  # an image family
         return {"pixel_values": rng.normal(size=(8, 3, 32, 32)).astype("float32")}
-    pairs = rows[4:] + rows[:4] if family in ("bert", "albert", "electra") else None
-    enc = tokenizer(rows, pairs, padding="max_length", max_length=40, truncation=True)
-    keep = ["input_ids", "attention_mask"] + (["token_type_ids"] if pairs else [])
-    return {k: np.asarray(enc[k], dtype="int32") for k in keep}
+    options = {"padding": "max_length", "max_length": 40, "truncation": True}
+    singles, pairs = tokenizer(rows[:4], **options), tokenizer(rows[4:], rows[:4], **options)
+    keep = [k for k in FAMILIES[family].keras3.inputs if k in pairs]
+    return {k: np.asarray(singles[k] + pairs[k], dtype="int32") for k in keep}
 
 
 def write_engine_references(out: Path, corpus: list[str], seed: int) -> None:
