@@ -282,11 +282,12 @@ def test_a_model_saved_on_a_bucket_loads_back_from_it(fixtures_dir):
     np.testing.assert_allclose(np.asarray(again(features, training=False)), logits, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["electra", "deberta-v2", "deit", "swin"])
+@pytest.mark.parametrize("family", ["electra", "deberta-v2", "deit"])
 def test_the_hubs_sharded_layout_gives_the_logits_of_one_file(fixtures_dir, family, tmp_path):
     """A large checkpoint comes as shards and their index (``model-00001-of-0000N``): the
     families KerasHub does not read from the hub (ELECTRA, DeBERTa-v3: the engine's
-    converters) and those it does (DeiT, Swin) read from shards give transformers' logits."""
+    converters) and one it does (DeiT; Swin's converter reads through the same reader, and
+    its model is the slowest here to compile) read from shards give transformers' logits."""
     from safetensors.numpy import load_file
 
     from tpu_helpers.data.hub import write_hub_weights
