@@ -220,27 +220,10 @@ class CustomLoop:
         """
         import time
 
-        from tpu_helpers.core.pipeline import model_input_shapes, require_batches
-        from tpu_helpers.tf_engine.trainer import model_config
-
-        train = require_batches(train, "CustomLoop.fit")
-        if train.global_batch != self.global_batch:
-            raise InputError(
-                f"The batches have {train.global_batch} rows per step, the loop divides the"
-                f" loss by global_batch={self.global_batch}: every gradient would be scaled"
-                f" by {train.global_batch}/{self.global_batch}. Fix: one global batch for"
-                " both (per-replica batch x replicas, text.global_batch_size)."
-            )
+        train = self._checked_train(train, epochs, checkpoint_every, max_steps)
         steps_per_epoch = train.steps_on(self.strategy)
-        check_positive(epochs=epochs)
-        if checkpoint_every is not None:
-            check_positive(checkpoint_every=checkpoint_every)
-        if max_steps is not None:
-            check_positive(max_steps=max_steps)
         checkpoint_every = checkpoint_every or steps_per_epoch
         last_step = epochs * steps_per_epoch if max_steps is None else max_steps
-        train.check_model(model_config(self.model))
-        train.check_inputs(model_input_shapes(self.model))
         if self.checkpoints:  # what the restore says (a damaged checkpoint skipped) goes to
             self.checkpoints.log = log  # the same log as the epochs
         start = self.restore()
@@ -252,12 +235,7 @@ class CustomLoop:
                 log(f"stopped at step {self.step} (max_steps={max_steps})")
                 break
             started = time.perf_counter()
-            for metric in self.metrics.values():
-                metric.reset_state()
-            dataset = train.distribute(self.strategy, epoch, skip_steps=done)
-            where = f"epoch {epoch + 1} after step {self.step}"
-            with data_errors_explained(where):
-                self._train_epoch(dataset, done, end, checkpoint_every, log)
+            self._train_epoch(train, epoch, done, end, checkpoint_every, log)
             if end < steps_per_epoch:
                 log(f"stopped at step {self.step} (max_steps={max_steps}), in epoch {epoch + 1}")
                 break
@@ -283,13 +261,44 @@ class CustomLoop:
             " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
         )
 
-    def _train_epoch(self, dataset, done, end, checkpoint_every, log):
-        """The steps of an epoch from ``done`` to ``end``, in calls of up to
-        ``steps_per_call`` steps that end at every checkpoint step; a checkpoint at those
-        and at ``end``."""
+    def _checked_train(self, train, epochs, checkpoint_every, max_steps):
+        """``train``, refused unless it is a ``pipeline.Batches`` of this loop's global batch
+        that the model can take, with positive ``epochs`` and, when given, positive
+        ``checkpoint_every`` and ``max_steps``."""
+        from tpu_helpers.core.pipeline import model_input_shapes, require_batches
+        from tpu_helpers.tf_engine.trainer import model_config
+
+        train = require_batches(train, "CustomLoop.fit")
+        if train.global_batch != self.global_batch:
+            raise InputError(
+                f"The batches have {train.global_batch} rows per step, the loop divides the"
+                f" loss by global_batch={self.global_batch}: every gradient would be scaled"
+                f" by {train.global_batch}/{self.global_batch}. Fix: one global batch for"
+                " both (per-replica batch x replicas, text.global_batch_size)."
+            )
+        check_positive(epochs=epochs)
+        if checkpoint_every is not None:
+            check_positive(checkpoint_every=checkpoint_every)
+        if max_steps is not None:
+            check_positive(max_steps=max_steps)
+        train.check_model(model_config(self.model))
+        train.check_inputs(model_input_shapes(self.model))
+        return train
+
+    def _train_epoch(self, train, epoch, done, end, checkpoint_every, log):
+        """The steps of epoch ``epoch`` of ``train`` from ``done`` to ``end`` (its metrics
+        reset first), in calls of up to ``steps_per_call`` steps that end at every
+        checkpoint step; a checkpoint at those and at ``end``; an unreadable shard or a
+        short stream named with where it stopped."""
+        for metric in self.metrics.values():
+            metric.reset_state()
+        dataset = train.distribute(self.strategy, epoch, skip_steps=done)
+        with data_errors_explained(f"epoch {epoch + 1} after step {self.step}"):
+            self._train_steps_until(iter(dataset), done, end, checkpoint_every, log)
+
+    def _train_steps_until(self, iterator, done, end, checkpoint_every, log):
         import tensorflow as tf
 
-        iterator = iter(dataset)
         while done < end:
             until_checkpoint = checkpoint_every - self.step % checkpoint_every
             n = min(self.steps_per_call, end - done, until_checkpoint)
