@@ -750,7 +750,7 @@ def test_a_misspelt_option_or_a_rate_that_cannot_train_is_refused_naming_it(fixt
 
 
 def test_a_run_resumed_with_another_learning_rate_is_refused_naming_both(fixtures_dir, tmp_path):
-    checkpoint, train = _cola_batches(fixtures_dir)
+    checkpoint, train = _cola_batches(fixtures_dir, max_shapes=1)
 
     def compiled(rate):
         model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
@@ -767,7 +767,7 @@ def test_a_run_resumed_with_another_learning_rate_is_refused_naming_both(fixture
 def test_a_loss_that_is_no_longer_a_number_stops_the_run_before_it_saves(fixtures_dir, tmp_path):
     from tpu_helpers.core.errors import TrainingDivergedError
 
-    checkpoint, train = _cola_batches(fixtures_dir)
+    checkpoint, train = _cola_batches(fixtures_dir, max_shapes=1)
     model = keras3.classifier(checkpoint, num_labels=2, verbose=False)
     keras3.compile_classifier(model, 1e-3)
     keras3.fit_resumable(model, train, 1, str(tmp_path), verbose=0)
@@ -870,13 +870,16 @@ def test_transformers_5_reads_the_tokenizer_files_it_wrote(fixtures_dir):
     assert ids["input_ids"][0] == tokenizer.cls_token_id and 1 in ids["token_type_ids"]
 
 
-def _cola_batches(fixtures_dir, rows=96, global_batch=16, group_widths=1):
+def _cola_batches(fixtures_dir, rows=96, global_batch=16, group_widths=1, max_shapes=3):
+    """96 CoLA-like rows in batches of up to ``max_shapes`` widths (each a compilation of
+    every step: tests of what a resume checks take one)."""
     from tpu_helpers.data import hub, text
 
     checkpoint = fixtures_dir / "tiny-distilbert"
     data = text.load_text_dataset(str(fixtures_dir / "cola"))
     tokenized = text.tokenize(data["train"].select(range(rows)), hub.load_tokenizer(checkpoint), 64)
-    widths = text.choose_boundaries(np.asarray(tokenized["length"]), max_shapes=3, max_length=64)
+    lengths = np.asarray(tokenized["length"])
+    widths = text.choose_boundaries(lengths, max_shapes=max_shapes, max_length=64)
     plan = text.text_batches(
         tokenized, global_batch=global_batch, boundaries=widths, seed=0, group_widths=group_widths
     )
@@ -1005,9 +1008,11 @@ def test_a_global_batch_the_devices_cannot_split_is_refused_before_any_step(fixt
 
 
 def test_the_input_bound_check_tells_a_slow_pipeline_from_a_slow_step(fixtures_dir):
-    """``keras3.input_bound_check``: the same batches read slowly (a 50 ms wait per batch in
-    the pipeline) make the run input-bound, read as they are it is not; the model's
-    variables are as they were, and an uncompiled model is refused."""
+    """``keras3.input_bound_check``: the same batches read slowly (a 250 ms wait per batch
+    in the pipeline: at most 4 a second, far below the step's rate even on a loaded CI
+    machine, where a 50 ms wait once read faster than the step ran) make the run
+    input-bound, read as they are it is not; the model's variables are as they were, and an
+    uncompiled model is refused."""
     import time
 
     import tensorflow as tf
@@ -1020,7 +1025,7 @@ def test_the_input_bound_check_tells_a_slow_pipeline_from_a_slow_step(fixtures_d
     before = [np.asarray(v.value).copy() for v in model.variables]
 
     def late(weights):
-        time.sleep(0.05)
+        time.sleep(0.25)
         return weights
 
     def sleepy(ds):
@@ -1034,7 +1039,7 @@ def test_the_input_bound_check_tells_a_slow_pipeline_from_a_slow_step(fixtures_d
     slow = keras3.input_bound_check(model, plan.with_transform(sleepy), steps=12, cached_batches=4)
     assert min(fast.input_per_second, fast.step_per_second, fast.together_per_second) > 0
     assert slow.verdict == "input-bound", slow
-    assert slow.input_per_second < 25 and slow.together_per_second < 25, slow
+    assert slow.input_per_second < 4.5 and slow.together_per_second < 4.5, slow
     assert fast.input_per_second > 2 * slow.input_per_second, (fast, slow)
     for was, variable in zip(before, model.variables, strict=True):
         np.testing.assert_array_equal(np.asarray(variable.value), was)
