@@ -82,8 +82,9 @@ def check_folder(path, what: str = "directory") -> None:
 
 def is_remote(path: str) -> bool:
     """True for a path of a TensorFlow file system (``gs://...``, ``ram://...``) that
-    ``open()`` and ``os.path`` cannot read (only ``tf.io.gfile``); False for local paths."""
-    return "://" in str(path)
+    ``open()`` and ``os.path`` cannot read (only ``tf.io.gfile``); False for local paths and
+    for KerasHub's ``hf://`` names of hub models, which no file system reads."""
+    return "://" in str(path) and not str(path).startswith("hf://")
 
 
 def is_shared(path: str) -> bool:

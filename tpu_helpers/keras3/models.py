@@ -62,7 +62,7 @@ def checkpoint_folder(checkpoint: str, **options) -> tuple[Path, dict]:
             " Fix: check the spelling; class names are given when saving:"
             " save_hub_layout(model, folder, id2label={0: 'neg', 1: 'pos'})."
         )
-    if is_remote(str(checkpoint)) and not str(checkpoint).startswith("hf://"):
+    if is_remote(str(checkpoint)):
         checkpoint = local_copy(str(checkpoint))  # a save on gs://: read from a local copy
     config_file = resolve_file(str(checkpoint), "config.json", options)
     if not config_file:
