@@ -270,6 +270,20 @@ def _trained_and_saved(fixtures_dir, family, folder):
     return model, np.asarray(model(features, training=False))
 
 
+@pytest.fixture(scope="module")
+def saved(fixtures_dir, tmp_path_factory):
+    """``saved(family)``: ``_trained_and_saved`` once per family for the module (the
+    saves read back by this engine and by the TF engine are the same files)."""
+    done, root = {}, tmp_path_factory.mktemp("saved")
+
+    def get(family):
+        if family not in done:
+            done[family] = (root / family, *_trained_and_saved(fixtures_dir, family, root / family))
+        return done[family]
+
+    return get
+
+
 def test_a_model_saved_on_a_bucket_loads_back_from_it(fixtures_dir):
     """``output_dir`` on ``gs://`` (here ``ram://``, another of TensorFlow's file systems
     that ``open()`` cannot read): what ``save_hub_layout`` wrote there, ``classifier``
@@ -324,24 +338,24 @@ def test_a_save_the_hubs_layout_cannot_hold_is_refused_and_writes_nothing(fixtur
 
 @pytest.mark.parametrize("family", KERAS3)
 def test_a_trained_model_saved_in_the_hubs_layout_loads_back_with_its_logits(
-    fixtures_dir, family, tmp_path
+    fixtures_dir, family, saved
 ):
     features, ref = reference(fixtures_dir, family)
-    model, logits = _trained_and_saved(fixtures_dir, family, tmp_path / "saved")
+    folder, model, logits = saved(family)
     assert np.abs(logits - ref["logits"]).max() > 1e-2  # the step moved the logits
-    files = sorted(p.name for p in (tmp_path / "saved").iterdir())
+    files = sorted(p.name for p in folder.iterdir())
     assert "model.safetensors" in files and "config.json" in files
-    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
     head = FAMILIES[family].keras3
     assert config["architectures"] == [(head.alternative or head).architecture]  # DeiT's: two
 
-    again = keras3.classifier(tmp_path / "saved", verbose=False)
+    again = keras3.classifier(folder, verbose=False)
     np.testing.assert_allclose(np.asarray(again(features, training=False)), logits, atol=1e-5)
     if family in CONVERTERS:  # KerasHub does not read this family from the hub's files
         return
     # KerasHub's own loader reads the same encoder (RoBERTa's positions aside: KerasHub
     # drops its token-type row, which the engine folds into them)
-    theirs = keras_hub.models.Backbone.from_preset(str(tmp_path / "saved"))
+    theirs = keras_hub.models.Backbone.from_preset(str(folder))
     ours = _backbone_of(model)
     assert len(theirs.weights) == len(ours.weights)
     for a, b in zip(theirs.weights, ours.weights, strict=True):
@@ -436,17 +450,15 @@ def test_the_hubs_deberta_v3_configs_are_read_and_deberta_v2s_refused_naming_why
         _deberta_v3_config({"model_type": "deberta-v2", "hidden_size": 32})
 
 
-def test_a_trained_swin_is_saved_with_its_query_key_and_value_apart_as_trained(
-    fixtures_dir, tmp_path
-):
+def test_a_trained_swin_is_saved_with_its_query_key_and_value_apart_as_trained(fixtures_dir, saved):
     """KerasHub's Swin converter fuses each block's query, key and value into one dense
     layer; the save splits the trained one again (not the file's untrained three), and
     copies the relative position index transformers keeps beside them."""
     from safetensors.numpy import load_file
 
-    _trained_and_saved(fixtures_dir, "swin", tmp_path / "saved")
+    folder, _, _ = saved("swin")
     before = load_file(fixtures_dir / "engines" / "swin" / "model.safetensors")
-    after = load_file(tmp_path / "saved" / "model.safetensors")
+    after = load_file(folder / "model.safetensors")
     assert sorted(after) == sorted(before)
     for name in before:
         if name.endswith("relative_position_index"):
@@ -455,32 +467,35 @@ def test_a_trained_swin_is_saved_with_its_query_key_and_value_apart_as_trained(
             assert np.abs(after[name] - before[name]).max() > 1e-4, name  # trained
 
 
-def test_the_tf_engine_loads_what_the_keras3_engine_saved_with_the_same_logits(
-    fixtures_dir, tmp_path
-):
+def test_the_tf_engine_loads_what_the_keras3_engine_saved_with_the_same_logits(fixtures_dir, saved):
     python = ROOT / ".venv" / "bin" / "python"  # the CPU stack, which wrote the references
     if not python.exists():
         pytest.skip("the CPU stack (.venv) is not made here")
-    want = {}
+    want, folders = {}, {}
     for family in KERAS3:
-        _, want[family] = _trained_and_saved(fixtures_dir, family, tmp_path / family)
+        folders[family], _, want[family] = saved(family)
     script = (
         "import sys, json, numpy as np\n"
         "import tpu_helpers\n"
         "from tpu_helpers.tf_engine import tf_classes\n"
         "import transformers\n"
         "out = {}\n"
-        "for family in sys.argv[2:]:\n"
+        "for family, folder in zip(sys.argv[2::2], sys.argv[3::2]):\n"
         "    ref = np.load(f'{sys.argv[1]}/engines/{family}/reference.npz')\n"
         "    x = {k[8:]: ref[k] for k in ref.files if k.startswith('feature_')}\n"
-        f"    folder = f'{tmp_path}/{{family}}'\n"
         "    name = json.load(open(f'{folder}/config.json'))['architectures'][0]\n"
         "    model = tf_classes.from_pretrained(getattr(transformers, 'TF' + name), folder)\n"
         "    out[family] = np.asarray(model(x, training=False).logits).tolist()\n"
         "print(json.dumps(out))\n"
     )
     done = subprocess.run(
-        [str(python), "-c", script, str(fixtures_dir), *KERAS3],
+        [
+            str(python),
+            "-c",
+            script,
+            str(fixtures_dir),
+            *(str(x) for f in KERAS3 for x in (f, folders[f])),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -923,7 +938,7 @@ def test_each_width_compiles_once_over_epochs_calls_and_a_resume(fixtures_dir, t
 
 
 def test_fused_steps_give_the_weights_of_one_step_per_call(fixtures_dir, tmp_path):
-    checkpoint, train = _cola_batches(fixtures_dir, group_widths=4)
+    checkpoint, train = _cola_batches(fixtures_dir, group_widths=4, max_shapes=2)
     start = keras3.classifier(checkpoint, num_labels=2, verbose=False)
     # some width's batches are not a multiple of 4: calls completed with idle steps
     widths = [b[0]["input_ids"].shape[1] for b in train.dataset(0).as_numpy_iterator()]
