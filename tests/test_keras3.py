@@ -1121,7 +1121,12 @@ def test_a_killed_run_resumes_to_the_weights_of_one_that_never_stopped(
         np.testing.assert_array_equal(got[key], want[key])
 
 
-def _two_hosts(command, tmp_path):
+def _worker_host(host, port):
+    """The worker's options as one of two hosts of 4 devices, the coordinator at ``port``."""
+    return ["--devices", "4", "--processes", "2", "--process-id", str(host), "--port", str(port)]
+
+
+def _two_hosts(command, tmp_path, host_options=_worker_host):
     """Run ``command`` as the two JAX processes of a pod slice on loopback, 4 CPU devices
     each, JAX's CPU collectives between them; fails unless both end well."""
     import socket
@@ -1135,8 +1140,7 @@ def _two_hosts(command, tmp_path):
         with log.open("w") as out:
             hosts.append(
                 subprocess.Popen(
-                    [*command, "--devices", "4", "--processes", "2", "--process-id", str(i)]
-                    + ["--port", str(port)],
+                    [*command, *host_options(i, port)],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     cwd=ROOT,
@@ -1185,9 +1189,12 @@ def test_two_hosts_read_their_own_shards_and_train_as_one_process(fixtures_dir, 
     """The records on a pod slice: each of two JAX processes reads only its own TFRecord
     shards (``records.plan_reads``: disjoint, every record once) and feeds its own 4
     devices; they end with the weights of one process of 8 devices trained on the global
-    batches the two hosts' reads make together (``Batches.host_dataset``)."""
+    batches the two hosts' reads make together (``Batches.host_dataset``). The two hosts
+    run notebook 03's slice script as its last section tells a learner to, and its saved
+    model holds those weights."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from keras3_worker import BATCH, rows
+    from keras3_worker import BATCH, EPOCHS, rows
+    from safetensors.numpy import load_file
 
     from tpu_helpers.data import records
 
@@ -1206,9 +1213,35 @@ def test_two_hosts_read_their_own_shards_and_train_as_one_process(fixtures_dir, 
         [*whole, "--as-hosts", "2"], capture_output=True, text=True, timeout=600, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    command = _worker(fixtures_dir, tmp_path / "two", "final") + ["--records", str(shards)]
-    _two_hosts(command, tmp_path)
-    _same_weights_and_history(tmp_path / "one", tmp_path / "two")
+    script = [sys.executable, str(ROOT / "notebooks" / "scripts" / "03_train_from_records.py")]
+    script += ["--records", str(shards), "--checkpoint", str(fixtures_dir / "tiny-distilbert")]
+    script += ["--output", str(tmp_path / "two"), "--epochs", str(EPOCHS), "--float32"]
+    script += ["--per-replica-batch", str(BATCH // 8), "--learning-rate", "1e-3"]
+    script += ["--max-length", "64", "--max-widths", "3", "--steps-per-execution", "2"]
+    _two_hosts(script, tmp_path, _script_host)
+
+    # the one process's weights, saved as the script saves its model
+    model = keras3.classifier(fixtures_dir / "tiny-distilbert", num_labels=2, verbose=False)
+    want = np.load(tmp_path / "one" / "final.npz")
+    for i, variable in enumerate(model.weights):
+        variable.assign(want[f"arr_{i}"])
+    keras3.save_hub_layout(model, tmp_path / "want")
+    want, got = (load_file(tmp_path / f / "model.safetensors") for f in ("want", "two/model"))
+    assert sorted(got) == sorted(want) and len(want) > 10
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+    latest = json.loads((tmp_path / "two" / "checkpoints" / "latest.json").read_text())
+    assert (latest["epoch"], latest["step"]) == (EPOCHS, 0)
+
+
+def _script_host(host, port):
+    """Notebook 03's slice script's options as one of two hosts of 4 simulated devices."""
+    return ["--simulated-devices", "4", "--coordinator", f"127.0.0.1:{port}"] + [
+        "--processes",
+        "2",
+        "--process-id",
+        str(host),
+    ]
 
 
 def test_kerashubs_own_vit_classifier_differs_from_transformers_by_its_layer_norm(fixtures_dir):

@@ -298,8 +298,12 @@ def _title_cell(cell: dict, name: str, count: int) -> dict:
 def _relink(lines: list[str], out_of_folder: bool) -> list[str]:
     """Links that leave the track's folder go one level further up from the exercises; a
     main-track notebook's link to the seeds' track (``tf/NN_x.ipynb``) goes to that track's
-    exercise edition."""
-    pairs = [("](../", "](../../"), ("](tf/", "](../tf/exercises/")]
+    exercise edition, and one to a script beside it (``scripts/``) to the same script."""
+    pairs = [
+        ("](../", "](../../"),
+        ("](tf/", "](../tf/exercises/"),
+        ("](scripts/", "](../scripts/"),
+    ]
     for old, new in pairs:
         if not out_of_folder:
             old, new = new, old
