@@ -651,11 +651,15 @@ def test_a_run_directory_of_another_plan_is_refused_before_any_step(fixtures_dir
         keras3.fit_resumable(model, other, 1, str(tmp_path))
 
 
-def test_bfloat16_computes_close_to_float32_and_returns_float32_logits(fixtures_dir):
-    features, ref = reference(fixtures_dir, "distilbert")
+@pytest.mark.parametrize("family", ["distilbert", "electra", "deberta-v2", "deit", "swin"])
+def test_bfloat16_computes_close_to_float32_and_returns_float32_logits(fixtures_dir, family):
+    """Mixed bfloat16 (every notebook's default on a TPU), on a family KerasHub reads and
+    on those the engine converts itself (ELECTRA, DeBERTa-v3's relative attention), and
+    the image families of their own heads (a distilled DeiT's two, Swin's windows)."""
+    features, ref = reference(fixtures_dir, family)
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
-        model = keras3.classifier(fixtures_dir / "engines" / "distilbert", verbose=False)
+        model = keras3.classifier(fixtures_dir / "engines" / family, verbose=False)
         logits = model(features, training=False)
     finally:
         keras.config.set_dtype_policy("float32")

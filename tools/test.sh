@@ -207,6 +207,8 @@ keras3_leg() {
     skip+=" or (packed_step_trains_the_classifier and not distilbert)"
     # and the image heads read and saved by KerasHub's converters (a distilled DeiT's two, Swin's)
     skip+=" or distilled_deit_averages or trained_swin_is_saved"
+    # and bfloat16 on the families after DistilBERT (forward passes of the same layers)
+    skip+=" or (bfloat16_computes_close and not distilbert)"
     # and what only Keras and KerasHub decide (the same releases on both legs): their private
     # parts, a new head's report, another run's folder (51 s, 32 s, 38 s of this leg in the CI
     # rehearsal of 2026-12-06). The decoders' tests run here only, on Colab's JAX: notebook
