@@ -16,9 +16,9 @@
 #           01 at two, in bfloat16; the other notebooks and unit tests run on the CPU leg.
 #   keras3  the Keras 3 engine on a stack shaped like Kaggle's TPU image (Python 3.12, JAX
 #           0.10): its tests at eight devices (a v5e-8), the two-process pod-slice
-#           rehearsals, main-track notebooks 00, 01 (its sentence-pair variant), 04 (on
-#           Swin) and 10 (on Gemma 3, a 2 x 4 mesh) at eight (the rest on the Colab leg;
-#           the other variants with tools/run.sh --variants).
+#           rehearsals, main-track notebooks 00, 01 (its sentence-pair variant) and 10
+#           (on Gemma 3, a 2 x 4 mesh) at eight (the rest on the Colab leg; the other
+#           variants with tools/run.sh --variants).
 #   colab   the Keras 3 engine on a stack shaped like Colab's TPU runtime as it ships
 #           (Python 3.13, JAX 0.7.2, Keras 3.13.2 before the install cell, transformers
 #           5.15, no TensorFlow, no PyTorch): its tests at eight devices, the main
@@ -176,10 +176,12 @@ keras3_leg() {
     # a loop, records, rules and packed rows that take them as any other feature), and 01's
     # at eight devices on the other leg. In the CI rehearsals of 2026-12-06 on this leg: 03's 150 s,
     # 02's 150 s, 05's 90 s, 01's 172 s in two cells, 07's about 40 s. Of the image
-    # families, 04 runs on Swin at eight devices on the other leg; on the distilled DeiT and
-    # 03 on ELECTRA with tools/run.sh --variants since the CI rehearsal of 2026-12-06 that
-    # took 33.6 minutes with them (both legs of Keras 3 about 1,730 s), their heads and
-    # converters in test_keras3 still.
+    # families, 04 runs on ViT here; on Swin (at eight devices on the other leg until the CI
+    # rehearsal of 2026-12-07, 36 minutes side by side, that leg the last to end with
+    # 119 s of two of its cells), on the distilled DeiT and 03 on ELECTRA with
+    # tools/run.sh --variants since the CI rehearsal of 2026-12-06 that took 33.6 minutes
+    # with them (both legs of Keras 3 about 1,730 s), their heads, converters and bfloat16
+    # in test_keras3 still.
     # On the other leg only, what no package or JAX version here changes: the pod-slice
     # rehearsals; the engines' equality and the masked-LM heads of every family (the same
     # KerasHub converters on both legs); the core's refusals of a run that cannot go on
@@ -224,7 +226,7 @@ keras3_leg() {
     -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@" || status=$?
   if [ "$stack" = keras3 ]; then
     # At eight devices (a v5e-8): the notebooks whose batches, models and stock runs are laid
-    # out over the devices by the notebook itself (00, 01, 03, 04) and the decoder's mesh (10).
+    # out over the devices by the notebook itself (00, 01) and the decoder's mesh (10).
     # 02, 05, 06 and 09 run at one device on the Colab-shaped leg and at two in the main
     # job: with the stock runs of 01, 03 and 04 added, the CI rehearsal of 2026-12-06 with
     # every notebook at eight took about 45 minutes, this leg among the last to end. 07 on
@@ -234,15 +236,15 @@ keras3_leg() {
     # every family at eight in tests/test_keras3_packing.py.
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
       --only 00 --replicas 8 --no-variants || status=$?
-    # 01 on its sentence-pair variant (segment ids laid out too), 04 on Swin, 10 on Gemma 3
-    # over a 2 x 4 mesh (the family whose page code differs most: its layer names, heads-first
-    # kernels, scaled embeddings, blocks that take a padding mask, two stop tokens): their
-    # first runs (single sentences, ViT, Qwen 3) are the Colab-shaped leg's, at one device.
+    # 01 on its sentence-pair variant (segment ids laid out too), 10 on Gemma 3 over a 2 x 4
+    # mesh (the family whose page code differs most: its layer names, heads-first kernels,
+    # scaled embeddings, blocks that take a padding mask, two stop tokens): their first runs
+    # (single sentences, Qwen 3) are the Colab-shaped leg's, at one device. 03 and 04 run at
+    # one device there (their images' and shards' batches at eight in tests/test_keras3.py).
     # 10 on Llama 3 runs with tools/run.sh --variants; its layout, logits and export are held
     # by tests/test_decoders.py on the Colab-shaped leg.
     local n
-    for n in 01_text_classification_fit.pairs 04_image_streaming.swin \
-      10_decoder_lora_fine_tuning.gemma; do
+    for n in 01_text_classification_fit.pairs 10_decoder_lora_fine_tuning.gemma; do
       python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
         --only "$n" --replicas 8 || status=$?
     done
