@@ -1236,6 +1236,9 @@ def test_two_hosts_read_their_own_shards_and_train_as_one_process(fixtures_dir, 
         np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
     latest = json.loads((tmp_path / "two" / "checkpoints" / "latest.json").read_text())
     assert (latest["epoch"], latest["step"]) == (EPOCHS, 0)
+    said = [(tmp_path / f"host-{i}.log").read_text() for i in (0, 1)]
+    assert "saved the model" in said[0] and "saved the model" not in said[1]  # one writer
+    assert "process 0 of 2" in said[0] and "process 1 of 2" in said[1]  # both ended well
 
 
 def _script_host(host, port):

@@ -11,7 +11,7 @@ the hub's layout to ``OUTPUT/model``.
 On a slice (notebook 03's last section says how to create one and copy the records)::
 
     gcloud compute tpus tpu-vm ssh NAME --zone ZONE --worker=all --command \\
-      "python 03_train_from_records.py --slice --records gs://BUCKET/cola/helper \\
+      "python3 03_train_from_records.py --slice --records gs://BUCKET/cola/helper \\
        --checkpoint distilbert-base-cased --output gs://BUCKET/cola-run"
 
 On one machine's CPU, two processes of four simulated devices each stand in for two hosts
@@ -34,7 +34,12 @@ def arguments(argv=None):
     parser.add_argument("--output", required=True, help="a folder every host can read")
     parser.add_argument("--num-labels", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--per-replica-batch", type=int, default=16)
+    parser.add_argument(
+        "--per-replica-batch",
+        type=int,
+        default=4,
+        help="rows a chip takes a step (4 on a v5e-32: 128 a step, notebook 03's on a v5e-8)",
+    )
     parser.add_argument("--learning-rate", type=float, default=3e-5)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--max-widths", type=int, default=4, help="padding widths at most")
@@ -78,6 +83,7 @@ def main(argv=None):
 
     from tpu_helpers import keras3
     from tpu_helpers.data import records, text
+    from tpu_helpers.keras3.distribution import all_processes_reach
 
     devices = keras3.devices(args.simulated_devices)  # every host's chips
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
@@ -111,8 +117,10 @@ def main(argv=None):
         every_minutes=args.every_minutes,
         run={"model": args.checkpoint, "records": source.num_records},
     )
-    if jax.process_index() == 0:
+    if jax.process_index() == 0:  # the first host writes; the others wait for it
         keras3.save_hub_layout(model, f"{output}/model")
+        print(f"saved the model in the hub's layout: {output}/model")
+    all_processes_reach("model saved")  # no host ends well before the model is written
     print(f"process {jax.process_index()} of {jax.process_count()}: loss {history['loss']}")
 
 
