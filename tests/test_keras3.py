@@ -1243,12 +1243,8 @@ def test_two_hosts_read_their_own_shards_and_train_as_one_process(fixtures_dir, 
 
 def _script_host(host, port):
     """Notebook 03's slice script's options as one of two hosts of 4 simulated devices."""
-    return ["--simulated-devices", "4", "--coordinator", f"127.0.0.1:{port}"] + [
-        "--processes",
-        "2",
-        "--process-id",
-        str(host),
-    ]
+    options = ["--simulated-devices", "4", "--coordinator", f"127.0.0.1:{port}"]
+    return options + ["--processes", "2", "--process-id", str(host)]
 
 
 def test_kerashubs_own_vit_classifier_differs_from_transformers_by_its_layer_norm(fixtures_dir):
