@@ -21,9 +21,9 @@
 #           variants with tools/run.sh --variants).
 #   colab   the Keras 3 engine on a stack shaped like Colab's TPU runtime as it ships
 #           (Python 3.13, JAX 0.7.2, Keras 3.13.2 before the install cell, transformers
-#           5.15, no TensorFlow, no PyTorch): its tests at eight devices, the main
-#           track's notebooks at one (Colab's free v5e-1; 01 as the
-#           teaching page's no-TPU recipe runs it), and the decoders' tests.
+#           5.15, no TensorFlow, no PyTorch): the main track's notebooks at one device
+#           (Colab's free v5e-1; 01 as the teaching page's no-TPU recipe runs it), the
+#           decoders' tests, and the engine's tests whose outcome this stack decides.
 #
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -129,120 +129,66 @@ tf_tpu_leg() {
     --basetemp build/pytest-tpu --durations=15 "$@"
 }
 
-# The Keras 3 legs (keras3: Kaggle's image; colab: Colab's): the engine's tests (against
-# the TF engine's numbers in the fixtures, at eight devices, kill and resume included),
-# the engine choice and install plans, the image preprocessing read without PyTorch, and
-# the main track's notebooks cell by cell in bfloat16 (their default), each leg at the
-# device count of its runtime: the Colab-shaped leg at one (Colab's free v5e-1), without
-# the sentence-pair variants (below); the Kaggle-shaped leg
-# at eight (a v5e-8) for the notebooks that lay out their own batches and stock runs (below),
-# 01 on its sentence-pair variant, and the two-process rehearsals of a pod slice (on loopback), which run
-# there only: the CI rehearsal of 2026-12-05 took 29.5 minutes in all with every variant at
-# eight and the rehearsals on both legs. The notebooks at eight run in a pytest of their own, without
-# the leg's compilation cache.
-# Kernels at eight devices died (2026-12-04, 12-05) or hung (12-05) in CI: XLA's CPU pool
-# of one thread per simulated device can leave devices waiting for good at an all-reduce;
-# env.sh and keras3.devices give it two per device (keras3.simulation_env). The keras3 leg also
-# runs the main track's exercise editions to their first stubs, and the exercise checks
-# against wrong answers. They run beside the TensorFlow legs at the lowest priority: the
-# TensorFlow legs leave a core idle for minutes at a time (single-threaded tracing and
-# compiling), which these take. (Their environments were made in the legs too, at that
-# priority, until two of them took 14 minutes there on 2026-12-04.) JAX's persistent
-# compilation cache lives for the leg (one notebook's compilations serve another's of the
-# same shapes). A cell may take 300 s (the longest took 37 s in
-# CI): a kernel that dies mid-cell is reported after that, not after 15 minutes.
+# The Keras 3 legs (keras3: Kaggle's image; colab: Colab's), at the lowest priority beside
+# the TensorFlow legs, which leave a core idle for minutes at a time (single-threaded
+# tracing and compiling). Each leg runs the main track at its runtime's device count:
+# Kaggle's v5e-8, eight devices: the engine's unit tests (against the TF engine's numbers
+# in the fixtures, kills and resumes included), the two-process pod-slice rehearsals on
+# loopback, the JAX exercise checks, and notebooks 00, 01 (its sentence-pair variant) and
+# 10 (on Gemma 3, a 2 x 4 mesh). Colab's v5e-1, one device: every main-track notebook, the
+# no-TPU recipe, the decoders' tests, and the engine's tests that this stack decides.
+# The other variants run with tools/run.sh --variants. JAX's persistent compilation cache
+# lives for the leg (one notebook's compilations serve another's of the same shapes). A
+# kernel that dies mid-cell is reported after 300 s, not after 15 minutes. XLA's CPU pool of
+# one thread per simulated device can leave devices waiting for good at an all-reduce: env.sh
+# and keras3.devices give it two per device (keras3.simulation_env).
 keras3_leg() {
   local stack="$1" more=() notebooks=("build/nbval-$stack") status=0
   shift
   export JAX_COMPILATION_CACHE_DIR="$PWD/build/jax-cache-$stack" PYTHONFAULTHANDLER=1
   cheap_compiles  # tools/env.sh says why
   rm -rf "$JAX_COMPILATION_CACHE_DIR" "build/nbval-$stack-8" "build/pytest-$stack-8"
-  if [ "$stack" = keras3 ]; then  # the exercise checks' wrong answers, on one leg
-    more=(tests/test_exercises.py tests/test_workshop_jax.py)
+  local tests=(tests/test_keras3.py tests/test_keras3_packing.py tests/test_runtime.py)
+  if [ "$stack" = keras3 ]; then
+    more=(tests/test_workshop_jax.py)  # the JAX exercise checks' wrong answers
     # Of the two pod-slice rehearsals, the one on TFRecord shards (each host reading its
-    # own) runs beside the other legs; the in-memory one (93 s of this leg in the CI
-    # rehearsal of 2026-12-06, the whole run then 34 minutes) when this leg runs alone.
+    # own) runs beside the other legs; the in-memory one when this leg runs alone.
     if [ "${#stacks[@]}" -gt 1 ]; then
       more+=(-k "not two_processes_on_loopback")
     fi
-    notebooks=()  # Kaggle's v5e-8: five notebooks at eight devices, below
+    notebooks=()  # Kaggle's v5e-8: three notebooks at eight devices, below
   else  # Colab's v5e-1: every notebook at one device
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
       --replicas 1 --no-variants
     # notebook 01 at one device on this stack is the no-TPU recipe's run (tests/test_offline.py
-    # executes every cell, with the same parameter file): not twice on the longest leg
+    # executes every cell, with the same parameter file): not twice
     rm "build/nbval-$stack/01_text_classification_fit.ipynb"
-    # The sentence-pair variants run with tools/run.sh --variants (their token types through
-    # a loop, records, rules and packed rows that take them as any other feature), and 01's
-    # at eight devices on the other leg. In the CI rehearsals of 2026-12-06 on this leg: 03's 150 s,
-    # 02's 150 s, 05's 90 s, 01's 172 s in two cells, 07's about 40 s. Of the image
-    # families, 04 runs on ViT here; on Swin (at eight devices on the other leg until the CI
-    # rehearsal of 2026-12-07, 36 minutes side by side, that leg the last to end with
-    # 119 s of two of its cells), on the distilled DeiT and 03 on ELECTRA with
-    # tools/run.sh --variants since the CI rehearsal of 2026-12-06 that took 33.6 minutes
-    # with them (both legs of Keras 3 about 1,730 s), their heads, converters and bfloat16
-    # in test_keras3 still.
-    # On the other leg only, what no package or JAX version here changes: the pod-slice
-    # rehearsals; the engines' equality and the masked-LM heads of every family (the same
-    # KerasHub converters on both legs); the core's refusals of a run that cannot go on
-    # (another learning rate, a nan loss, data that ends early, class ids or token ids
-    # without a row in the model); and the resumes of a killed run, a rebuilt model, packed and masked-LM runs
-    # (the package's own saves). The CI of 2026-12-06 took 2491 s with some of these on both
-    # legs. This leg keeps what its JAX can change: the compile counts, the fused steps,
-    # the no-TPU recipe and the notebooks (02 stops and resumes).
-    local skip="two_hosts or two_processes"
-    skip+=" or same_logits_loss_and_step or masked_lm_head_read_from"
-    skip+=" or another_learning_rate or no_longer_a_number or data_ends_before"
-    skip+=" or class_ids_of_in_memory or ids_the_model_has_no_row_for"
-    skip+=" or killed_run_resumes or made_again_resume or stopped_mid_epoch_resumes"
-    # and the package's own saves read back: in the hub's layout, by either engine (111 s, 82 s
-    # and 157 s of this leg in the CI rehearsals of 2026-12-06), and the fall-back to the save
-    # before a lost or damaged one (50 s and 30 s)
-    skip+=" or saved_in_the_hubs_layout_loads_back or tf_engine_loads_what_the_keras3_engine_saved"
-    skip+=" or newest_save_falls_back"
-    # and the hub's layouts read and written: shards with their index, a save on a bucket,
-    # the saves refused (the package's own readers and writers, the same on both legs)
-    skip+=" or sharded_layout_gives or saved_on_a_bucket or layout_cannot_hold"
-    # and the packed rows of every family but DistilBERT (the same KerasHub layers and masks on
-    # both legs; 115 s of tests/test_keras3_packing.py on this stack alone, 2026-12-07)
-    skip+=" or (each_packed_example_gets_the_logits and not distilbert)"
-    skip+=" or (packed_step_trains_the_classifier and not distilbert)"
-    # and the image heads read and saved by KerasHub's converters (a distilled DeiT's two, Swin's)
-    skip+=" or distilled_deit_averages or trained_swin_is_saved"
-    # and bfloat16 on the families after DistilBERT (forward passes of the same layers)
-    skip+=" or (bfloat16_computes_close and not distilbert)"
-    # and what only Keras and KerasHub decide (the same releases on both legs): their private
-    # parts, a new head's report, another run's folder (51 s, 32 s, 38 s of this leg in the CI
-    # rehearsal of 2026-12-06). The decoders' tests run here only, on Colab's JAX: notebook
-    # 10's runtime (the other leg ended last by 4 minutes with them in a CI rehearsal).
-    skip+=" or private_keras_and_kerashub_parts or base_checkpoint_gets_a_new_head"
-    skip+=" or another_checkpoints_run_is_not_resumed"
-    more=(tests/test_offline.py tests/test_decoders.py -k "not ($skip)")
+    # Both Keras 3 legs have the same Keras, KerasHub and package: the engine's unit tests
+    # run on the Kaggle-shaped leg, and here only those whose outcome this stack's own
+    # Python, JAX and transformers decide (JAX's compilations and simulated devices, the
+    # tokenizer files transformers 5 writes, image preprocessing without PyTorch, the
+    # runtime-specific fixes of refusals, shards and downloads read by its TensorFlow), with
+    # the no-TPU recipe, the decoders' tests and every main-track notebook, which run the
+    # engine end to end on this stack (02 fuses steps and resumes, 05 counts compilations,
+    # 09 runs the input-bound check, all in bfloat16).
+    local here="each_width_compiles_once or simulated_devices_run or transformers_5_reads"
+    here+=" or image_preprocessing_is_read or this_runtime or predict_classes_scores_every"
+    here+=" or corrupt_shard or broken_download"
+    more=(tests/test_offline.py tests/test_decoders.py -k "not test_keras3 or ($here)")
   fi
   # Each pytest's status is kept: the leg runs under `(leg) || status=$?` (timed_leg), where
   # bash ignores set -e, so a failing first run would otherwise pass unseen.
-  python -m pytest tests/test_keras3.py tests/test_keras3_packing.py tests/test_runtime.py "${more[@]}" "${notebooks[@]}" \
+  python -m pytest "${tests[@]}" "${more[@]}" "${notebooks[@]}" \
     --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
     -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@" || status=$?
   if [ "$stack" = keras3 ]; then
-    # At eight devices (a v5e-8): the notebooks whose batches, models and stock runs are laid
-    # out over the devices by the notebook itself (00, 01) and the decoder's mesh (10).
-    # 02, 05, 06 and 09 run at one device on the Colab-shaped leg and at two in the main
-    # job: with the stock runs of 01, 03 and 04 added, the CI rehearsal of 2026-12-06 with
-    # every notebook at eight took about 45 minutes, this leg among the last to end. 07 on
-    # DeBERTa-v3 ran here until its padded stock epoch came (83 s of one cell at eight in
-    # the CI rehearsal of 2026-12-06, this leg the last to end): it runs with
-    # tools/run.sh --variants, 07 at one device on the other leg, and the packed rows of
-    # every family at eight in tests/test_keras3_packing.py.
+    # At eight devices: the notebooks that lay out their own batches, models and stock runs
+    # over the devices (00; 01 on sentence pairs, segment ids laid out too) and the decoder's
+    # mesh (10 on Gemma 3: its layer names, heads-first kernels, scaled embeddings and two
+    # stop tokens differ most from Qwen 3, the Colab-shaped leg's run). The others run at one
+    # device there and at two in the main job; their batches at eight in the unit tests.
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
       --only 00 --replicas 8 --no-variants || status=$?
-    # 01 on its sentence-pair variant (segment ids laid out too), 10 on Gemma 3 over a 2 x 4
-    # mesh (the family whose page code differs most: its layer names, heads-first kernels,
-    # scaled embeddings, blocks that take a padding mask, two stop tokens): their first runs
-    # (single sentences, Qwen 3) are the Colab-shaped leg's, at one device. 03 and 04 run at
-    # one device there (their images' and shards' batches at eight in tests/test_keras3.py).
-    # 10 on Llama 3 runs with tools/run.sh --variants; its layout, logits and export are held
-    # by tests/test_decoders.py on the Colab-shaped leg.
     local n
     for n in 01_text_classification_fit.pairs 10_decoder_lora_fine_tuning.gemma; do
       python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
