@@ -7,6 +7,7 @@ exercise's stub is the solution's code, which nbval runs), and every stub fails 
 its exercise's id: run unmodified, an exercise notebook stops at its first exercise.
 """
 
+import ast
 import json
 import re
 import sys
@@ -116,9 +117,49 @@ def test_tasks_and_hints_render_as_written(path):
                 assert shown[0].isupper() or not shown[0].isalpha(), (exercise.id, shown)
 
 
+def stubs_run_when_their_cell_runs(cell_text):
+    """Whether every stub of a cell is a statement the cell runs as it runs (at its top level
+    or in a ``with`` block), not one a ``def``, a branch or a ``try`` could skip or defer."""
+    code = "\n".join(
+        "" if line.lstrip().startswith(("%", "!")) else line for line in cell_text.splitlines()
+    )
+    tree, parents = ast.parse(code), {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+    raises = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Raise) and "NotImplementedError" in ast.unparse(node)
+    ]
+    for node in raises:
+        while node in parents:
+            node = parents[node]
+            if not isinstance(node, (ast.Module, ast.With)):
+                return False
+    return bool(raises)
+
+
+def test_a_stub_a_cell_could_skip_is_seen():
+    assert stubs_run_when_their_cell_runs(
+        "x = 1\nwith scope():\n    raise NotImplementedError('E')"
+    )
+    for hidden in (
+        "def f():\n    raise NotImplementedError('E')",
+        "if x:\n    raise NotImplementedError",
+    ):
+        assert not stubs_run_when_their_cell_runs(hidden)
+    assert not stubs_run_when_their_cell_runs("x = 1")
+
+
 @pytest.mark.parametrize("path", SOLUTIONS, ids=tracks.repo_path)
 def test_every_stub_fails_loudly_with_its_id(path):
+    """A stub raises its exercise's id, and raises it whenever its cell runs: so, run
+    unmodified, the edition stops in its first exercise's cell."""
     edition = load(tracks.exercise_edition(path))
+    for cell in edition["cells"]:
+        if "raise NotImplementedError(" in text(cell):
+            assert stubs_run_when_their_cell_runs(text(cell)), text(cell)
     stubs = [
         line
         for cell in edition["cells"]

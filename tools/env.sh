@@ -78,19 +78,21 @@ pip_in() {
   "$venv/bin/python" -m pip "$@" 2> >(grep -v "is ignored: it is neither a file nor" >&2)
 }
 
-# The environments are made by uv (a pinned release, fetched once into build/bin): the same
-# pins, installed in a tenth of pip's time (requirements.txt on 2 cores, 2026-12-07: 16 s
-# against 176 s). pip stays in each environment (--seed), for the install cells, which run
-# pip as they do on Colab and Kaggle.
+# The environments are made by uv (a pinned release, fetched once into build/): the same
+# exact pins, installed in a tenth of pip's time (requirements.txt on 2 cores, 2026-12-07:
+# 16 s against 176 s). uv reads PyPI only, not pip's configuration (this machine's extra
+# folders hold nothing the pins need). pip stays in each environment (--seed), for the
+# install cells, which run pip as they do on Colab and Kaggle.
 UV_PIN=uv==0.13.10
+export UV_PYTHON_DOWNLOADS=never  # the stack's own interpreter, or a clear failure
 uv_bin() {
-  local uv="$ROOT/build/bin/uv"
+  local uv="$ROOT/build/${UV_PIN/==/-}/uv"
   if [ ! -x "$uv" ]; then  # the four stacks are made at once: each fetches, one file wins
     local fetched
     fetched="$(mktemp -d "$ROOT/build/uv-fetch.XXXXXX")"
     python3 -m pip install -q --no-deps --target "$fetched" "$UV_PIN" \
-      2> >(grep -v "is ignored: it is neither a file nor" >&2)
-    mkdir -p "$ROOT/build/bin"
+      2> >(grep -v "is ignored: it is neither a file nor" >&2) >&2 || return 1
+    mkdir -p "$(dirname "$uv")"
     mv -f "$fetched/bin/uv" "$uv"
     rm -rf "$fetched"
   fi
@@ -99,9 +101,17 @@ uv_bin() {
 
 # uv pip install into an environment: install_in VENV ARGS...
 install_in() {
-  local venv="$1"
+  local venv="$1" uv
   shift
-  "$(uv_bin)" pip install -q --python "$venv/bin/python" "$@"
+  uv="$(uv_bin)" && "$uv" pip install -q --python "$venv/bin/python" "$@"
+}
+
+# A step that failed while making the environment: nothing half-made is kept. (This file is
+# sourced where bash ignores set -e: after `||` and `&&`.)
+env_failed() {
+  echo "[env] $STACK: $1 failed; $VENV removed" >&2
+  rm -rf "$VENV"
+  exit 1
 }
 
 stamp="$VENV/.requirements.sha"
@@ -110,20 +120,25 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   echo "[env] creating $VENV (stack: $STACK; a few minutes the first time)"
   rm -rf "$VENV"
   mkdir -p build
-  "$(uv_bin)" venv -q --seed --python "$(command -v "$PYTHON")" "$VENV"
+  interpreter="$(command -v "$PYTHON")" || env_failed "finding $PYTHON"
+  uv="$(uv_bin)" || env_failed "fetching $UV_PIN"
+  "$uv" venv -q --seed --python "$interpreter" "$VENV" || env_failed "uv venv"
   if [ "$STACK" = cpu ]; then
-    install_in "$VENV" -r requirements.txt
-    install_in "$VENV" --no-deps -e .
+    install_in "$VENV" -r requirements.txt || env_failed "installing"
+    install_in "$VENV" --no-deps -e . || env_failed "installing"
   elif [ "$STACK" = keras3 ]; then
-    install_in "$VENV" -r tools/kaggle-tpu-image.txt -r <(tooling_requirements)
-    install_in "$VENV" --no-deps -e .
+    install_in "$VENV" -r tools/kaggle-tpu-image.txt -r <(tooling_requirements) \
+      || env_failed "installing"
+    install_in "$VENV" --no-deps -e . || env_failed "installing"
     # What the main track's install cell runs on a Kaggle TPU runtime, through the same function.
     KAGGLE_KERNEL_RUN_TYPE=rehearsal TPU_ACCELERATOR_TYPE=v5litepod-8 \
-      "$VENV/bin/python" -m tpu_helpers install --engine keras3 2> >(grep -v "is ignored: it is neither" >&2)
-    "$VENV/bin/python" -c "import keras_hub, keras; print('[env] Keras 3 stack: keras', keras.__version__, 'keras-hub', keras_hub.__version__)"
+      "$VENV/bin/python" -m tpu_helpers install --engine keras3 2> >(grep -v "is ignored: it is neither" >&2) \
+      || env_failed "the install cell"
+    "$VENV/bin/python" -c "import keras_hub, keras; print('[env] Keras 3 stack: keras', keras.__version__, 'keras-hub', keras_hub.__version__)" \
+      || env_failed "importing Keras 3"
   elif [ "$STACK" = colab ]; then
-    install_in "$VENV" -r "$image" -r <(tooling_beside "$image")
-    install_in "$VENV" --no-deps -e .
+    install_in "$VENV" -r "$image" -r <(tooling_beside "$image") || env_failed "installing"
+    install_in "$VENV" --no-deps -e . || env_failed "installing"
     pip_in "$VENV" freeze --all > "$VENV/freeze-image.txt"
     echo "[env] pip freeze before the install cell ($VENV/freeze-image.txt):"
     sed 's/^/    /' "$VENV/freeze-image.txt"
@@ -137,11 +152,11 @@ before = runtime.installed()
 plan = tpu_helpers.install(engine="keras3")
 unplanned = runtime.unplanned_changes(runtime.install_changes(before, runtime.installed()), plan)
 assert not unplanned, f"the install cell changed what its plan does not name: {unplanned}"' \
-      2> >(grep -v "is ignored: it is neither" >&2)
+      2> >(grep -v "is ignored: it is neither" >&2) || env_failed "the install cell"
     pip_in "$VENV" freeze --all > "$VENV/freeze-installed.txt"
     echo "[env] the install cell changed (diff of pip freeze, image -> installed):"
     diff "$VENV/freeze-image.txt" "$VENV/freeze-installed.txt" | grep '^[<>]' || true
-    KERAS_BACKEND=jax "$VENV/bin/python" - "$image" <<'PY'
+    KERAS_BACKEND=jax "$VENV/bin/python" - "$image" <<'PY' || env_failed "the stack's check"
 import sys
 import jax, keras, keras_hub
 from tpu_helpers.runtime import installed
@@ -158,13 +173,15 @@ print(f"[env] Colab stack: Python {sys.version.split()[0]}, jax {jax.__version__
       f" transformers {have['transformers']}, tensorflow-cpu {have.get('tensorflow-cpu')}")
 PY
   else
-    install_in "$VENV" -r tools/tf-tpu-start-image.txt -r <(tooling_requirements)
-    install_in "$VENV" --no-deps -e .
+    install_in "$VENV" -r tools/tf-tpu-start-image.txt -r <(tooling_requirements) \
+      || env_failed "installing"
+    install_in "$VENV" --no-deps -e . || env_failed "installing"
     # What the notebooks' install cell runs on a Colab TPU runtime, through the same
     # function: detect_runtime() reads these two variables as "Colab, with a TPU".
     COLAB_RELEASE_TAG=rehearsal TPU_ACCELERATOR_TYPE=v5litepod-1 TPU_SKIP_MDS_QUERY=1 \
-      "$VENV/bin/python" -m tpu_helpers install 2> >(grep -v "is ignored: it is neither" >&2)
-    "$VENV/bin/python" - <<'PY'
+      "$VENV/bin/python" -m tpu_helpers install 2> >(grep -v "is ignored: it is neither" >&2) \
+      || env_failed "the install cell"
+    "$VENV/bin/python" - <<'PY' || env_failed "the stack's check"
 from importlib import metadata
 from tpu_helpers.runtime import LIBTPU_PIN, TENSORFLOW_TPU_PIN
 have = {d.metadata["Name"].lower().replace("_", "-"): d.version for d in metadata.distributions()}
@@ -176,7 +193,8 @@ print("[env] TPU stack:", {n: have.get(n) for n in ("tensorflow-tpu", "libtpu", 
       "transformers", "datasets", "huggingface-hub")})
 PY
   fi
-  "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
+  "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null \
+    || env_failed "the kernel's install"
   echo "$want" > "$stamp"
 fi
 # shellcheck disable=SC1091

@@ -244,8 +244,7 @@ timed_leg() {
   return "$status"
 }
 
-# The environments first, all at once (pip mostly unpacks wheels, each into its own
-# folder: two took 160 s and 231 s one after the other on 2 cores, 128 s at once).
+# The environments first, all at once (the install cells' pip mostly waits on downloads).
 mkdir -p build
 # The four environments and the build take about 12 GB: a full disk fails a leg half way
 echo "=== disk: $(df -h . | awk 'NR == 2 {print $4 " free of " $2}')"
