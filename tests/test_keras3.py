@@ -222,15 +222,21 @@ def test_masked_lm_pretraining_stopped_mid_epoch_resumes_to_the_uninterrupted_we
     """Continued pretraining of the tiny DistilBERT (dropout on) on packed, dynamically
     masked blocks: stopped after 4 of its 6 steps of the first epoch, before the save due
     there (saves every 2), and run again with a model made again, it ends with the weights
-    of a run never stopped: the blocks and masks of the steps done again are the same."""
+    of a run never stopped: the blocks and masks of the steps done again are the same.
+    Callbacks see each fused call begin at its first step and end at its last."""
     checkpoint, batches = _masked_blocks(fixtures_dir)
+    calls = []
 
     def trained(folder, stop_after=None):
         model = keras3.masked_lm(checkpoint, verbose=False)
         compile_masked_lm(model, keras.optimizers.AdamW(1e-3), steps_per_execution=2)
 
         class Stop(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                calls.append(("begin", batch))
+
             def on_train_batch_end(self, batch, logs=None):
+                calls.append(("end", batch))
                 if stop_after and batch + 1 >= stop_after:
                     raise KeyboardInterrupt  # a lost runtime, between two saves
 
@@ -241,6 +247,10 @@ def test_masked_lm_pretraining_stopped_mid_epoch_resumes_to_the_uninterrupted_we
 
     whole, history = trained(tmp_path / "whole")
     assert len(history["loss"]) == 2 and history["loss"][1] < history["loss"][0]
+    one_epoch = [
+        (event, step + end) for step in (0, 2, 4) for event, end in (("begin", 0), ("end", 1))
+    ]
+    assert calls == one_epoch * 2, calls  # 6 steps an epoch, 2 a call
     with pytest.raises(KeyboardInterrupt):
         trained(tmp_path / "cut", stop_after=4)
     latest = json.loads((tmp_path / "cut" / "latest.json").read_text())
@@ -1027,12 +1037,13 @@ def test_a_global_batch_the_devices_cannot_split_is_refused_before_any_step(fixt
 
 
 def test_the_input_bound_check_tells_a_slow_pipeline_from_a_slow_step(fixtures_dir):
-    """``keras3.input_bound_check``: the same batches read slowly (a wait per batch in the
-    pipeline of three of the steps the check just measured, so that reading is a third of the
-    step's rate however loaded the machine: a fixed 250 ms wait read faster than the step
-    ran on a loaded CI machine, where the step ran at 1.3 a second) make the run
-    input-bound, read as they are it is not; the model's variables are as they were, and an
-    uncompiled model is refused."""
+    """``keras3.input_bound_check``: the same batches read slowly make the run input-bound,
+    read as they are it is not; the model's variables are as they were, and an uncompiled
+    model is refused. The slow pipeline waits, per batch, five times the slower of the step
+    and the pipeline as the check just measured them, so that reading is at most a fifth of
+    either rate however loaded the machine (on CI's loaded machine a fixed 250 ms wait read
+    faster than the step ran, and a wait of three steps read more than half as fast as the
+    pipeline without it, itself slowed to 6.6 batches a second)."""
     import time
 
     import tensorflow as tf
@@ -1046,7 +1057,7 @@ def test_the_input_bound_check_tells_a_slow_pipeline_from_a_slow_step(fixtures_d
 
     fast = keras3.input_bound_check(model, plan, steps=12, cached_batches=4)
     assert min(fast.input_per_second, fast.step_per_second, fast.together_per_second) > 0
-    wait = max(0.25, 3 / fast.step_per_second)
+    wait = max(0.25, 5 / min(fast.step_per_second, fast.input_per_second))
 
     def late(weights):
         time.sleep(wait)

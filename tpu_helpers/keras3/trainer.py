@@ -242,8 +242,9 @@ class JaxTrainer:
     engines): each epoch through the model's ``steps.Steps`` (each width compiled once,
     ``steps_per_execution`` steps fused, batches put on the devices ahead), the state in
     ``RunSaves``. Keras callbacks are called at the train's and the epochs' beginnings and
-    ends, and at each call's end (``on_train_batch_end`` with the call's last step; batch
-    logs are empty, so that no call waits for the devices; the epoch's logs are whole).
+    ends, and around each compiled call (``on_train_batch_begin`` with the call's first
+    step, ``on_train_batch_end`` with its last; batch logs are empty, so that no call
+    waits for the devices; the epoch's logs are whole).
     The state is read from the model's variables at each epoch's start, after the
     callbacks (a learning rate they set counts), and written back at its end."""
 
@@ -309,12 +310,16 @@ class JaxTrainer:
         if epoch == self.first_epoch:  # in the first epoch's time, as a first epoch pays it
             _precompile(steps, self.state, (train, epoch, first), (validation, 0, 0))
 
+        def calling(done):
+            self.hooks.on_train_batch_begin(first + done, {})
+
         def called(state, done):
             self.state = state
             self.hooks.on_train_batch_end(first + done - 1, {})
             after_call(first + done)
 
-        self.state, report = steps.train(self.state, *_epoch(train, steps, epoch, first), called)
+        batches = _epoch(train, steps, epoch, first)
+        self.state, report = steps.train(self.state, *batches, called, calling)
         logs = steps.results(self.state[3])
         if validation is not None:
             result = steps.evaluate(self.state[:2], *_epoch(validation, steps))
