@@ -191,3 +191,40 @@ class CompileLog(logging.Handler):
 
         jax.config.update("jax_log_compiles", False)
         logging.getLogger("jax").removeHandler(self)
+
+
+# CPU time per test (this process's and its reaped children's: a notebook's kernel is
+# counted at its last cell), summed per file at the end: what the legs, which share the
+# machine's cores, cost each other (--durations gives wall time, which contention inflates).
+_cpu_seconds: dict[str, float] = {}
+
+
+def _cpu_now() -> float:
+    import resource
+
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    before = _cpu_now()
+    yield
+    _cpu_seconds[item.nodeid] = _cpu_now() - before
+
+
+def pytest_terminal_summary(terminalreporter):
+    if sum(_cpu_seconds.values()) < 60:  # a few quick tests: nothing to choose from
+        return
+    files: dict[str, float] = {}
+    for nodeid, seconds in _cpu_seconds.items():
+        files[nodeid.split("::")[0]] = files.get(nodeid.split("::")[0], 0.0) + seconds
+    write = terminalreporter.write_line
+    terminalreporter.write_sep("=", f"CPU time: {sum(files.values()):.0f} s in all, by file")
+    for name, seconds in sorted(files.items(), key=lambda kv: -kv[1]):
+        write(f"{seconds:8.1f} s  {name}")
+    terminalreporter.write_sep("=", "CPU time: the 20 costliest tests")
+    for nodeid, seconds in sorted(_cpu_seconds.items(), key=lambda kv: -kv[1])[:20]:
+        write(f"{seconds:8.1f} s  {nodeid}")

@@ -430,6 +430,17 @@ def test_main_track_pages_link_only_main_track_notebooks(path):
     assert "`notebooks/tf/`" in title, "the title cell says what the other track is"
 
 
+@pytest.mark.parametrize("path", MAIN_LESSONS[:-1], ids=tracks.repo_path)
+def test_each_main_track_lesson_leads_to_the_next_one(path):
+    """The "Next" cell of a main-track lesson links the lesson numbered after it (the
+    numbers have a gap where a lesson left the track), so a reader can follow the track
+    from 00 to its end."""
+    following = MAIN_LESSONS[MAIN_LESSONS.index(path) + 1]
+    last = source(load(path)["cells"][-1])
+    assert last.startswith("## Next"), (path.name, last[:80])
+    assert f"]({following.name})" in last, (path.name, following.name, last)
+
+
 @pytest.mark.parametrize("path", MAIN_LESSONS, ids=tracks.repo_path)
 def test_main_track_sets_the_backend_on_the_page_before_keras_starts(path):
     """`KERAS_BACKEND = "jax"` in the notebook's own code, before the first import of Keras

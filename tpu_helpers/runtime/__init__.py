@@ -334,8 +334,7 @@ def _engine_of_runtime(facts: RuntimeFacts) -> EngineChoice:
         return EngineChoice(
             "keras3",
             f"this TPU runtime ships JAX {jax} (libtpu {d.get('libtpu') or 'from JAX'}) and no"
-            " tensorflow-tpu; the Keras 3 engine keeps both, where the TF engine would"
-            f" replace the libtpu with {LIBTPU_PIN}",
+            " tensorflow-tpu; the Keras 3 engine keeps both",
         )
     transformers = minor(d.get("transformers"))
     if jax and keras and keras >= (3, 0) and transformers and transformers >= (5, 0):
