@@ -36,7 +36,7 @@ fi
 leg() {
   local stack="$1"
   shift
-  if is_keras3 "$stack"; then  # the TF legs first: the CPU leg is the longest
+  if [ "$stack" = colab ]; then  # it fills the cores the other legs leave idle (below)
     renice -n 19 -p "$BASHPID" > /dev/null
   fi
   export STACK="$stack"
@@ -129,9 +129,13 @@ tf_tpu_leg() {
     --basetemp build/pytest-tpu --durations=15 "$@"
 }
 
-# The Keras 3 legs (keras3: Kaggle's image; colab: Colab's), at the lowest priority beside
-# the TensorFlow legs, which leave a core idle for minutes at a time (single-threaded
-# tracing and compiling). Each leg runs the main track at its runtime's device count:
+# The Keras 3 legs (keras3: Kaggle's image; colab: Colab's). The Colab-shaped leg runs at
+# the lowest priority, on what the others leave idle (single-threaded tracing and
+# compiling leave a core idle for minutes at a time); the Kaggle-shaped leg, whose unit
+# tests and notebooks at eight devices run side by side, at the same priority as the TF
+# legs: niced too, it ended last by three to ten minutes, on 12 of the run's 40 CPU
+# minutes (CI rehearsal of 2026-12-07: 1,817 s against the CPU leg's 1,203 s). Each leg
+# runs the main track at its runtime's device count:
 # Kaggle's v5e-8, eight devices: the engine's unit tests (against the TF engine's numbers
 # in the fixtures, kills and resumes included), the two-process pod-slice rehearsals on
 # loopback, the JAX exercise checks, and notebooks 00, 01 (its sentence-pair variant) and
@@ -176,29 +180,42 @@ keras3_leg() {
     here+=" or corrupt_shard or broken_download"
     more=(tests/test_offline.py tests/test_decoders.py -k "not test_keras3 or ($here)")
   fi
+  local eight=""
+  if [ "$stack" = keras3 ]; then  # beside the unit tests, into a log of its own
+    eight_devices_notebooks "$stack" "$@" > "build/test-$stack-8.log" 2>&1 &
+    eight=$!
+  fi
   # Each pytest's status is kept: the leg runs under `(leg) || status=$?` (timed_leg), where
   # bash ignores set -e, so a failing first run would otherwise pass unseen.
   python -m pytest "${tests[@]}" "${more[@]}" "${notebooks[@]}" \
     --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
     -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@" || status=$?
-  if [ "$stack" = keras3 ]; then
-    # At eight devices: the notebooks that lay out their own batches, models and stock runs
-    # over the devices (00; 01 on sentence pairs, segment ids laid out too) and the decoder's
-    # mesh (10 on Gemma 3: its layer names, heads-first kernels, scaled embeddings and two
-    # stop tokens differ most from Qwen 3, the Colab-shaped leg's run). The others run at one
-    # device there and at two in the main job; their batches at eight in the unit tests.
-    python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
-      --only 00 --replicas 8 --no-variants || status=$?
-    local n
-    for n in 01_text_classification_fit.pairs 10_decoder_lora_fine_tuning.gemma; do
-      python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
-        --only "$n" --replicas 8 || status=$?
-    done
-    env -u JAX_COMPILATION_CACHE_DIR python -m pytest "build/nbval-$stack-8" --nbval-lax \
-      --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider \
-      --basetemp "build/pytest-$stack-8" --durations=10 "$@" || status=$?
+  if [ -n "$eight" ]; then
+    wait "$eight" || status=$?
+    echo "=== the notebooks at eight devices (build/test-$stack-8.log)"
+    cat "build/test-$stack-8.log"
   fi
   return "$status"
+}
+
+# At eight devices, on the Kaggle-shaped leg: the notebooks that lay out their own batches,
+# models and stock runs over the devices (00; 01 on sentence pairs, segment ids laid out
+# too) and the decoder's mesh (10 on Gemma 3: its layer names, heads-first kernels, scaled
+# embeddings and two stop tokens differ most from Qwen 3, the Colab-shaped leg's run). The
+# others run at one device on the Colab-shaped leg and at two in the main job; their
+# batches at eight in the unit tests.
+eight_devices_notebooks() {
+  local stack="$1" n
+  shift
+  python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
+    --only 00 --replicas 8 --no-variants || return
+  for n in 01_text_classification_fit.pairs 10_decoder_lora_fine_tuning.gemma; do
+    python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack-8" \
+      --only "$n" --replicas 8 || return
+  done
+  env -u JAX_COMPILATION_CACHE_DIR python -m pytest "build/nbval-$stack-8" --nbval-lax \
+    --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider \
+    --basetemp "build/pytest-$stack-8" --durations=10 "$@"
 }
 
 # side_by_side STEP NAME [ARGS]: STEP "$stack" [ARGS] for every stack of run_stacks at
