@@ -441,6 +441,34 @@ def test_each_main_track_lesson_leads_to_the_next_one(path):
     assert f"]({following.name})" in last, (path.name, following.name, last)
 
 
+FOLDER_PARAMETER = re.compile(r"^(\w*(?:_dir|_path))\s*=\s*\"", re.M)
+
+
+@pytest.mark.parametrize("path", MAIN_LESSONS, ids=tracks.repo_path)
+def test_a_main_track_page_with_folders_logs_in_to_a_bucket_as_notebook_01_does(path):
+    """Every folder parameter may be a gs:// path: the page logs the runtime in to Google
+    Cloud (Colab's auth, Kaggle's secrets) for each one that is, in one login cell whose
+    body is the same on every page, before the folders are used."""
+    cells = load(path)["cells"]
+    parameters = next(c for c in cells if "parameters" in c["metadata"].get("tags", []))
+    folders = FOLDER_PARAMETER.findall(source(parameters))
+    logins = [
+        c for c in cells if c["cell_type"] == "code" and "auth.authenticate_user()" in source(c)
+    ]
+    if not folders:
+        assert not logins, path.name
+        return
+    assert len(logins) == 1, path.name
+    reference = next(
+        source(c)
+        for c in load(MAIN_LESSONS[1])["cells"]
+        if c["cell_type"] == "code" and "auth.authenticate_user()" in source(c)
+    )
+    listed = f"({folders[0]},)" if len(folders) == 1 else f"({', '.join(folders)})"
+    line = f'bucket_paths = [p for p in {listed} if p.startswith("gs://")]'
+    assert source(logins[0]) == re.sub(r"^bucket_paths = .*$", line, reference, flags=re.M)
+
+
 @pytest.mark.parametrize("path", MAIN_LESSONS, ids=tracks.repo_path)
 def test_main_track_sets_the_backend_on_the_page_before_keras_starts(path):
     """`KERAS_BACKEND = "jax"` in the notebook's own code, before the first import of Keras
