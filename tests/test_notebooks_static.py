@@ -441,7 +441,7 @@ def test_each_main_track_lesson_leads_to_the_next_one(path):
     assert f"]({following.name})" in last, (path.name, following.name, last)
 
 
-FOLDER_PARAMETER = re.compile(r"^(\w*(?:_dir|_path))\s*=\s*\"", re.M)
+FOLDER_PARAMETER = re.compile(r"^(\w*(?:_dir|_path|_folder))\s*=\s*\"", re.M)
 
 
 @pytest.mark.parametrize("path", MAIN_LESSONS, ids=tracks.repo_path)
