@@ -341,6 +341,34 @@ def test_bad_labels_are_named_with_their_row(labels, num_labels, message):
         text.text_batches(_split(labels), global_batch=2, boundaries=[4], num_labels=num_labels)
 
 
+def test_examples_longer_than_the_widest_width_are_cut_and_said(capsys):
+    """Widths chosen on one split (the training set's) may be narrower than another split's
+    longest example: it is kept, cut to the widest width, and the run says how many."""
+    split = {
+        "input_ids": [
+            [101, 7, 102],
+            [101, 7, 7, 7, 7, 7, 102],
+            [101, 102],
+            [101, 8, 102],
+            [101, 102],
+        ],
+        "length": [3, 7, 2, 3, 2],
+        "label": [0, 1, 0, 1, 0],
+    }
+    batches = text.text_batches(split, global_batch=4, boundaries=[4], shuffle=False)
+    said = capsys.readouterr().out
+    assert "1 of 5 examples are longer than the widest width 4 and are cut to it" in said
+    rows = [
+        (ids.tolist(), weight)
+        for features, _, weights in batches.dataset(0).as_numpy_iterator()
+        for ids, weight in zip(features["input_ids"], weights, strict=True)
+    ]
+    assert sum(weight for _, weight in rows) == 5 and all(len(ids) == 4 for ids, _ in rows)
+    assert ([101, 7, 7, 7], 1) in rows  # kept, its first 4 tokens
+    text.text_batches(split, global_batch=4, boundaries=[8], shuffle=False)
+    assert "longer than the widest" not in capsys.readouterr().out  # none cut: nothing said
+
+
 @pytest.mark.parametrize(
     "boundaries, fix",
     [([64, 32], "\\[32, 64\\]"), ([0, 16], "\\[16\\]"), ([16, 16, 32], "\\[16, 32\\]")],

@@ -466,6 +466,7 @@ def text_batches(
 
     Labels are checked once, here: missing, fractional, negative (GLUE test splits carry
     -1) or, with ``num_labels``, too large values raise ``ValueError`` with the row.
+    Examples longer than the widest width are cut to it, and said.
     ``transform`` (a function of the dataset, such as ``observe.CompileWatch.watch``) is
     applied to the batches before prefetching. ``group_widths`` (the model's
     ``steps_per_execution`` on the Keras 3 engine) orders each epoch in runs of that many
@@ -478,6 +479,13 @@ def text_batches(
     boundaries = check_boundaries(boundaries)
     check_positive(global_batch=global_batch, group_widths=group_widths)
     lengths = _checked_lengths(split, label_column)
+    cut = int(np.count_nonzero(lengths > boundaries[-1]))
+    if cut:  # kept, but not whole: say so (widths chosen on another split, say)
+        say(
+            f"[text] {cut} of {len(lengths)} examples are longer than the widest width"
+            f" {boundaries[-1]} and are cut to it. Fix: widths that end at the longest example"
+            " of every split (or at max_length)."
+        )
     # per token columns: input_ids and, for sentence pairs, token_type_ids
     per_token = [c for c in ("input_ids", "token_type_ids") if c in _columns(split)]
     ragged = {c: _ragged(split[c], lengths, boundaries[-1]) for c in per_token}
