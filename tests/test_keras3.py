@@ -255,7 +255,9 @@ def test_masked_lm_pretraining_stopped_mid_epoch_resumes_to_the_uninterrupted_we
         trained(tmp_path / "cut", stop_after=4)
     latest = json.loads((tmp_path / "cut" / "latest.json").read_text())
     assert (latest["epoch"], latest["step"]) == (0, 2), latest  # steps 3-4 lost: done again
+    del calls[:]
     resumed, _ = trained(tmp_path / "cut")
+    assert calls == one_epoch[2:] + one_epoch, calls  # from step 2: its calls' own numbers
     for a, b in zip(whole.weights, resumed.weights, strict=True):
         np.testing.assert_allclose(np.asarray(b.value), np.asarray(a.value), rtol=1e-5, atol=1e-6)
 
