@@ -428,6 +428,18 @@ def _checked_lengths(split, label_column: str) -> np.ndarray:
     return lengths
 
 
+def _say_cut(lengths: np.ndarray, widest: int) -> None:
+    """Says how many examples are longer than ``widest`` (kept, but cut to it: widths
+    chosen on another split, say), with the fix; nothing when none is."""
+    cut = int(np.count_nonzero(lengths > widest))
+    if cut:
+        say(
+            f"[text] {cut} of {len(lengths)} examples are longer than the widest width"
+            f" {widest} and are cut to it. Fix: widths that end at the longest example"
+            " of every split (or at max_length)."
+        )
+
+
 def _this_pipelines_rows(indices, widths, weights, input_context):
     """Global steps' ``(indices, widths, weights)`` cut into per-replica batches for the
     replicas of ``input_context``'s pipeline, in replica order, one width per step."""
@@ -479,13 +491,7 @@ def text_batches(
     boundaries = check_boundaries(boundaries)
     check_positive(global_batch=global_batch, group_widths=group_widths)
     lengths = _checked_lengths(split, label_column)
-    cut = int(np.count_nonzero(lengths > boundaries[-1]))
-    if cut:  # kept, but not whole: say so (widths chosen on another split, say)
-        say(
-            f"[text] {cut} of {len(lengths)} examples are longer than the widest width"
-            f" {boundaries[-1]} and are cut to it. Fix: widths that end at the longest example"
-            " of every split (or at max_length)."
-        )
+    _say_cut(lengths, boundaries[-1])
     # per token columns: input_ids and, for sentence pairs, token_type_ids
     per_token = [c for c in ("input_ids", "token_type_ids") if c in _columns(split)]
     ragged = {c: _ragged(split[c], lengths, boundaries[-1]) for c in per_token}
