@@ -259,7 +259,8 @@ def test_the_merged_export_is_w_plus_scaled_a_b_and_loads_back(fixtures_dir, tmp
     tuned = np.asarray(lm(batch))
     decoders.save_merged(lm, folder, tmp_path / "merged")
     saved, base = hub_tensors(tmp_path / "merged"), hub_tensors(folder)
-    assert sorted(saved) == sorted(base)
+    assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in base.items()}
+    assert {v.dtype for v in saved.values()} <= {v.dtype for v in base.values()}
     layer = next(x for x in sublayers(lm.backbone.transformer_layers[1]) if x.name == "query")
     a, b = (np.asarray(v, np.float64) for v in (layer.lora_kernel_a, layer.lora_kernel_b))
     # Keras' factors: A [hidden, heads, rank] (Gemma's heads first), B [rank, head size];
@@ -464,8 +465,9 @@ def test_the_lora_count_from_the_config_is_what_enable_lora_adds(fixtures_dir, n
     assert decoders.lora_parameter_count(config, 3, targets) == added
     # every target found a layer: 2 factors on each, in every layer
     assert len(lm.backbone.trainable_weights) == 2 * len(targets) * config["num_hidden_layers"]
-    with pytest.raises(InputError, match="lora_rank=0"):
-        decoders.lora_parameter_count(config, 0)
+    for rank in (0, -4, 2.0):  # none adds weights: each is refused by its value
+        with pytest.raises(InputError, match=f"lora_rank={rank!r} must be a positive whole"):
+            decoders.lora_parameter_count(config, rank)
 
 
 def test_a_checkpoint_the_notebook_cannot_take_is_refused_with_the_fix(fixtures_dir, tmp_path):
