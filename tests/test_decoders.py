@@ -639,3 +639,26 @@ def test_a_save_over_an_earlier_one_leaves_no_stale_weights_and_keeps_other_file
     assert weights == ["model.safetensors"], weights
     assert (out / "notes.txt").read_text() == "mine"
     assert not (tmp_path / "merged.partial").exists()
+
+
+def test_a_save_into_a_bucket_writes_the_local_saves_files_and_no_stale_weights(
+    fixtures_dir, tmp_path
+):
+    """``gs://`` output (here ``ram://``, another of TensorFlow's file systems): the files a
+    local save writes, byte for byte; a one-file save over a sharded one leaves no shard of
+    the first. (``ram://`` appends to a file copied over another, where a bucket replaces
+    it: the bytes are compared on a save into an empty folder.)"""
+    import tensorflow as tf
+
+    source = fixtures_dir / "tiny-qwen3"
+    lm = load(source)
+    local = decoders.save_merged(lm, source, tmp_path / "here")
+    names = decoders.save_merged(lm, source, "ram://exports/fresh")
+    assert sorted(tf.io.gfile.listdir("ram://exports/fresh")) == sorted(names) == sorted(local)
+    for name in local:
+        with tf.io.gfile.GFile(f"ram://exports/fresh/{name}", "rb") as there:
+            assert there.read() == (tmp_path / "here" / name).read_bytes(), name
+    decoders.save_merged(lm, source, "ram://exports/again", max_shard_bytes=16 * 1024)
+    assert any(".index.json" in name for name in tf.io.gfile.listdir("ram://exports/again"))
+    decoders.save_merged(lm, source, "ram://exports/again")
+    assert sorted(tf.io.gfile.listdir("ram://exports/again")) == sorted(local)

@@ -94,7 +94,8 @@ def is_shared(path: str) -> bool:
 
 
 def copy_tree(source: str, target: str) -> list[str]:
-    """Copy every file below ``source`` to ``target`` with ``tf.io.gfile``; return targets."""
+    """Copy every file below ``source`` to ``target`` (a local folder or a bucket's, made
+    when missing) with ``tf.io.gfile``, replacing files of the same names; return targets."""
     import tensorflow as tf
 
     if not tf.io.gfile.isdir(source):

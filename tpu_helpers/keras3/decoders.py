@@ -465,11 +465,9 @@ def _save_to_bucket(causal_lm, source, folder: str, max_shard_bytes: int) -> lis
             gfile.copy(f"{target}/config.json", f"{local}/config.json")
         _refuse_other_model(Path(local), _config_of(source), Path(source), shown=target)
         names = save_merged(causal_lm, source, Path(local) / "model", max_shard_bytes)
-        gfile.makedirs(target)
         for stale in gfile.glob(f"{target}/model*.safetensors*"):
             gfile.remove(stale)
-        for name in names:
-            gfile.copy(f"{local}/model/{name}", f"{target}/{name}", overwrite=True)
+        storage.copy_tree(f"{local}/model", target)
     return names
 
 
@@ -648,8 +646,5 @@ def _write_files(folder: str, write_weights, texts: dict) -> list[str]:
         for name, text in texts.items():
             (Path(local) / name).write_text(text)
         names = sorted(p.name for p in Path(local).iterdir())
-        gfile = storage.gfile()
-        gfile.makedirs(folder)
-        for name in names:
-            gfile.copy(f"{local}/{name}", f"{folder.rstrip('/')}/{name}", overwrite=True)
+        storage.copy_tree(local, folder)
     return names

@@ -47,10 +47,7 @@ def save_hub_layout(
             names = save_hub_layout(
                 model, local, id2label=id2label, max_shard_bytes=max_shard_bytes
             )
-            gfile, target = storage.gfile(), str(folder).rstrip("/")
-            gfile.makedirs(target)
-            for name in names:
-                gfile.copy(f"{local}/{name}", f"{target}/{name}", overwrite=True)
+            storage.copy_tree(local, str(folder))
         return names
     folder = Path(folder)
     if source.mlm is not None:  # a masked_lm: no labels
