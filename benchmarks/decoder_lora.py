@@ -150,7 +150,7 @@ def main():
         return
     with tempfile.TemporaryDirectory() as tmp:
         if not a.checkpoint:  # a small Qwen 3: 4 layers of 256, written as the hub serves it
-            from tpu_helpers.teaching import decoder_fixtures as d
+            from tpu_helpers.llm import fixtures as d
 
             a.checkpoint = f"{tmp}/small-qwen3"
             d.write_tiny_decoder(

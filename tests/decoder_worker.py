@@ -33,7 +33,7 @@ def main():
     from test_decoders import load, notebook_layout, packed_model, per_token_weights
 
     from tpu_helpers.core import pipeline
-    from tpu_helpers.keras3 import decoders
+    from tpu_helpers.llm import decoders
 
     mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), devices)
     keras.distribution.set_distribution(

@@ -1,6 +1,6 @@
 """Decoders read from the hub's files by KerasHub (notebook 10), against a forward pass
 written here in NumPy from the same files; packed rows, the merged export and the helpers
-of ``tpu_helpers.keras3.decoders``. Keras 3 stacks only (skipped where KerasHub is absent)."""
+of ``tpu_helpers.llm.decoders``. Keras 3 stacks only (skipped where KerasHub is absent)."""
 
 import json
 import os
@@ -20,8 +20,8 @@ import keras  # noqa: E402
 
 from tpu_helpers.core.errors import ExistingFileError, InputError  # noqa: E402
 from tpu_helpers.data.hub import open_safetensors  # noqa: E402
-from tpu_helpers.keras3 import decoders  # noqa: E402
 from tpu_helpers.keras3.internals import sublayers  # noqa: E402
+from tpu_helpers.llm import decoders  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = ("tiny-qwen3", "tiny-llama3", "tiny-gemma3")
@@ -341,7 +341,7 @@ def test_a_converter_step_other_than_a_rearrangement_is_refused():
     """The export inverts what KerasHub's converter did reading each tensor; one that
     computes (a scale, a shift) cannot be inverted that way and is named."""
     from tpu_helpers.core.errors import EngineError
-    from tpu_helpers.keras3.decoders import _to_hub_layout
+    from tpu_helpers.llm.decoders import _to_hub_layout
 
     hub = np.arange(24, dtype=np.float32).reshape(6, 4)
 

@@ -214,8 +214,9 @@ FLOORS = {
     3: "data",
     4: "keras3",
     5: "tf_engine",
-    6: "teaching",
-    7: "__main__",
+    6: "llm",
+    7: "teaching",
+    8: "__main__",
 }
 KERAS3_ENGINE, TF_ENGINE = 4, 5
 

@@ -20,8 +20,6 @@ Its modules, each a concern (this package names their public parts):
                   ``keras.Model``; ``compile_classifier``
 ``packed``        ``packed_classifier``: a classifier on packed rows
 ``export``        ``save_hub_layout``: the trained model in the hub's layout
-``decoders``      decoder LLMs (notebook 10): ``memory_plan``, ``replicated_weights``,
-                  ``match_config``, ``save_merged`` (LoRA merged, the hub's layout)
 ``trainer``       ``RunSaves``, ``JaxTrainer``, ``fit_resumable``
                   (``core.engine.fit_with``, the one loop of both engines),
                   ``predict_classes``, ``evaluate``, ``compilations``,
@@ -31,6 +29,8 @@ Its modules, each a concern (this package names their public parts):
                   from the hub's files (ELECTRA, DeBERTa-v3)
 ``internals``     the private Keras and KerasHub names the engine needs
 ================  ======================================================================
+
+Notebook 10's decoder LLMs build on this engine from a folder of their own, ``tpu_helpers.llm``.
 
 >>> from tpu_helpers import keras3  # doctest: +SKIP
 >>> distribution = keras3.connect()

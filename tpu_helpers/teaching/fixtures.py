@@ -24,7 +24,7 @@
 * ``DIR/text-corpus``: raw English prose laid out like wikitext (column ``text``), for
   masked-language-model pretraining, loadable with ``load_dataset(DIR/text-corpus)``;
 * ``DIR/tiny-qwen3``, ``DIR/tiny-llama3``, ``DIR/tiny-gemma3``, ``DIR/instructions``:
-  decoders with chat tokenizers and a Dolly-like instruction set (``decoder_fixtures``);
+  decoders with chat tokenizers and a Dolly-like instruction set (``llm.fixtures``);
 * ``DIR/engines`` (where transformers' TF classes are): a tiny fine-tuned-shaped checkpoint
   of each family the Keras 3 engine trains, with the TF engine's numbers on a batch
   (DistilBERT's beside ``tf_model.h5``, as ``distilbert-base-cased`` is on the hub).
@@ -51,7 +51,7 @@ from pathlib import Path
 from tpu_helpers.core.errors import InputError
 from tpu_helpers.core.messages import say
 from tpu_helpers.data.mlm import untrained_tokenizer
-from tpu_helpers.teaching import decoder_fixtures
+from tpu_helpers.llm import fixtures as decoder_fixtures
 
 __all__ = [
     "FIXTURES_VERSION",
