@@ -460,17 +460,9 @@ def test_rows_per_replica_keeps_the_examples_per_step():
 
 def _page_best_fit_rows():
     """Notebook 07's ``best_fit_rows``, run from the notebook's own cell (not a copy)."""
-    import json
-    from pathlib import Path
+    from pages import page_function
 
-    page = Path(__file__).resolve().parent.parent / "notebooks" / "07_packed_fine_tuning.ipynb"
-    cells = json.loads(page.read_text())["cells"]
-    source = next(
-        "".join(c["source"]) for c in cells if "def best_fit_rows(" in "".join(c["source"])
-    )
-    namespace = {"np": np}
-    exec(source.split("\n\n\nstarted = ")[0], namespace)  # the definition, not its run
-    return namespace["best_fit_rows"]
+    return page_function("07_packed_fine_tuning.ipynb", "best_fit_rows", np=np)
 
 
 @pytest.mark.parametrize("width,max_per_row", [(16, 2), (64, 16), (128, 5)])

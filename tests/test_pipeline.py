@@ -46,7 +46,6 @@ def builders(fixtures_dir, tmp_path_factory):
     blocks = np.asarray([ids[:8] for ids in split["input_ids"] if len(ids) >= 8], np.int32)
     return {
         "text": text.text_batches(split, global_batch=BATCH, boundaries=[16, 32, 64], seed=3),
-        "longest padded": text.longest_padded_batches(split, global_batch=BATCH, seed=3),
         "records": records.read_records(  # shared: host_dataset reads as 2 hosts
             str(folder), global_batch=BATCH, boundaries=[16, 32, 64], seed=3, shared_filesystem=True
         ),
@@ -91,7 +90,6 @@ def _same(a, b) -> bool:
 
 NAMES = [
     "text",
-    "longest padded",
     "records",
     "images",
     "cached images",
@@ -121,9 +119,8 @@ def test_every_builder_keeps_the_contract(builders, name):
         assert total == batches.examples, (name, total, batches.examples)
     tail = [_flat(e) for e in batches.dataset(1, skip_steps=2)]
     assert _same(tail, epoch[2:]), name
-    if name not in ("longest padded",):
-        again = [_flat(e) for e in batches.dataset(1)]
-        assert _same(again, epoch), f"{name}: the same epoch twice differs"
+    again = [_flat(e) for e in batches.dataset(1)]
+    assert _same(again, epoch), f"{name}: the same epoch twice differs"
     if name not in ("arrays",):
         other = [_flat(e) for e in batches.dataset(0)]
         assert not _same(other, epoch), f"{name}: epochs 0 and 1 are alike"

@@ -292,34 +292,6 @@ def test_count_steps_matches_the_plan():
         )
 
 
-def test_longest_padded_batches_are_as_wide_as_their_longest_row():
-    split = _counting_split(seed=1)
-    # seed 0: epoch 0's order comes from pipeline.rng(seed, epoch) now; the old seed=3
-    # (numpy's default_rng(3)) order had 4 widths, this one's order has 4 too
-    batches = text.longest_padded_batches(split, global_batch=16, seed=0)
-    assert batches.steps_per_epoch == 6 and batches.examples == 96
-    seen = []
-    widths = set()
-    for features, labels, weights in batches.dataset():
-        ids, mask = features["input_ids"].numpy(), features["attention_mask"].numpy()
-        row_lengths = mask.sum(1)
-        assert ids.shape == (16, row_lengths.max()) and (weights.numpy() == 1).all()
-        assert (labels.numpy() == row_lengths % 2).all()
-        assert (ids[mask == 0] == 0).all() and (ids[mask == 1] > 0).all()
-        seen.extend(row_lengths.tolist())
-        widths.add(ids.shape[1])
-    assert len(seen) == 96 and len(widths) > 3  # 6 full batches, one width each
-    assert sorted(seen) != seen  # shuffled, not sorted by length
-
-    def row_lengths_of(epoch):
-        return [
-            int(n) for f, _, _ in batches.dataset(epoch) for n in f["attention_mask"].numpy().sum(1)
-        ]
-
-    assert row_lengths_of(0) == seen  # an epoch is the same every time it is read
-    assert row_lengths_of(1) != seen  # and each epoch has its own order
-
-
 # --- bad input where it enters --------------------------------------------------------
 def _split(labels, n=None):
     n = n or len(labels)

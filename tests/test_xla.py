@@ -4,7 +4,7 @@ import tensorflow as tf
 
 from tpu_helpers.data import hub
 from tpu_helpers.data.shapes import shape_report
-from tpu_helpers.tf_engine import tf_classes, xla, xla_runs
+from tpu_helpers.tf_engine import tf_classes, xla
 from tpu_helpers.tf_engine.xla import masked_sparse_crossentropy, tracing_count
 
 
@@ -277,38 +277,46 @@ runs_xla = pytest.mark.skipif(
 
 
 @runs_xla
-def test_train_counting_compiles_counts_one_compilation_per_shape():
+def test_notebook_05s_counting_pass_counts_one_compilation_per_shape_and_the_padding():
+    """Notebook tf/05's ``train_counting_compiles`` and ``summary``, run from its page."""
+    import time
+    import types
+
+    import pandas as pd
+    from pages import page_function
+
+    page = {"tf": tf, "pd": pd, "time": time}
+    train = page_function("tf/05_xla_rules.ipynb", "train_counting_compiles", **page)
+    summary = page_function("tf/05_xla_rules.ipynb", "summary", **page)
+
     def gen():
         for width in (8, 16, 8, 24, 16, 8):
-            ids = np.ones((4, width), np.int32)
             mask = np.zeros((4, width), np.int32)
             mask[:, : width // 2] = 1
-            yield {"input_ids": ids, "attention_mask": mask}, np.zeros(4, np.int32)
+            features = {"input_ids": np.ones((4, width), np.int32), "attention_mask": mask}
+            yield features, np.zeros(4, np.int32), np.ones(4, np.float32)
 
-    spec = (
-        {
-            "input_ids": tf.TensorSpec([4, None], tf.int32),
-            "attention_mask": tf.TensorSpec([4, None], tf.int32),
-        },
-        tf.TensorSpec([4], tf.int32),
-    )
+    features = {k: tf.TensorSpec([4, None], tf.int32) for k in ("input_ids", "attention_mask")}
+    spec = (features, tf.TensorSpec([4], tf.int32), tf.TensorSpec([4], tf.float32))
     ds = tf.data.Dataset.from_generator(gen, output_signature=spec)
-    inputs = tf.keras.Input((None,), dtype=tf.int32, name="input_ids")
-    mask_in = tf.keras.Input((None,), dtype=tf.int32, name="attention_mask")
-    x = tf.keras.layers.Embedding(5, 4)(inputs)
-    x = tf.keras.layers.GlobalAveragePooling1D()(x)
-    model = tf.keras.Model(
-        {"input_ids": inputs, "attention_mask": mask_in}, tf.keras.layers.Dense(2)(x)
-    )
-    run = xla_runs.train_counting_compiles(model, ds, tf.keras.optimizers.Adam(1e-3), name="t")
-    assert (run.steps, run.shapes, run.compiles) == (6, 3, 3)
-    assert run.tokens == 4 * (8 + 16 + 8 + 24 + 16 + 8) and run.padding_fraction == 0.5
-    assert run.steady_real_tokens == 4 * (4 + 8 + 4)  # the steps that reused a program
-    assert run.row()["compilations"] == 3
-    table = xla_runs.runs_table({"t": run})
-    assert list(table.index) == ["t"] and table.loc["t", "compilations"] == 3
-    empty = xla_runs.runs_table({})  # nothing ran compiled here: the columns, no rows
-    assert empty.empty and list(empty.columns) == list(table.columns)
+
+    class Classifier(tf.keras.Model):  # a transformers-like output: .logits
+        def __init__(self):
+            super().__init__()
+            self.embed, self.out = tf.keras.layers.Embedding(5, 4), tf.keras.layers.Dense(2)
+
+        def call(self, features, training=False):
+            pooled = tf.reduce_mean(self.embed(features["input_ids"]), axis=1)
+            return types.SimpleNamespace(logits=self.out(pooled))
+
+    model = Classifier()
+    model({"input_ids": tf.ones((4, 8), tf.int32)})  # its weights, before the optimizer's
+    steps = train(model, ds, tf.keras.optimizers.Adam(1e-3))
+    assert list(steps.compiled) == [True, True, False, True, False, False]
+    row = summary(steps)
+    assert (row["steps"], row["distinct shapes"], row["compilations"]) == (6, 3, 3)
+    assert row["padding share"] == 0.5
+    assert steps.real[~steps.compiled].sum() == 4 * (4 + 8 + 4)  # reused a program
 
 
 def test_shape_report_takes_a_dataset_or_a_list_of_batches():
@@ -377,13 +385,6 @@ def test_preflight_says_skip_with_the_reason_where_nothing_compiles(target_witho
     check = report["compiles with XLA"]
     assert check.status == "SKIP" and "(stand-in)" in check.detail  # ... and says why
     assert "SKIP  compiles with XLA" in str(report) and "fix:" in check.line()
-
-
-def test_train_counting_compiles_refuses_where_steps_cannot_run(monkeypatch):
-    compile_only = xla.XlaTarget(None, "TPU", "programs are built for the TPU compiler")
-    monkeypatch.setattr(xla, "_TARGET", [compile_only])
-    with pytest.raises(xla.XlaUnavailableError, match="TPU compiler.*Fix: run this on a TPU"):
-        xla_runs.train_counting_compiles(tiny_model(), token_batches(), tf.keras.optimizers.Adam())
 
 
 def test_preflight_names_an_unbatched_dataset():

@@ -43,7 +43,6 @@ __all__ = [
     "batch_plan",
     "count_steps",
     "text_batches",
-    "longest_padded_batches",
 ]
 
 SCHEMES = ("max_length", "multiple", "buckets")
@@ -567,44 +566,3 @@ def _ragged(column, lengths, width: int):
 
     tokens = np.concatenate([np.asarray(x[:width], np.int32) for x in column])
     return tf.RaggedTensor.from_row_lengths(tokens, np.minimum(lengths, width))
-
-
-def longest_padded_batches(
-    split, *, global_batch: int, shuffle: bool = True, seed: int = 0, label_column: str = "label"
-):
-    """Random full batches, each padded to its own longest row: what ``prepare_tf_dataset``
-    and ``DataCollatorWithPadding`` do (the last partial batch dropped, as they do with
-    ``drop_remainder``). Shown for comparison: under XLA every new width is a new
-    compilation. A ``pipeline.Batches`` of ``({"input_ids", "attention_mask"}, labels,
-    weights)``.
-    """
-    import tensorflow as tf
-
-    from tpu_helpers.core.pipeline import Batches, rng
-
-    lengths = _checked_lengths(split, label_column)
-    ragged = _ragged(split["input_ids"], lengths, int(lengths.max()))
-    labels = check_labels(split[label_column], column=label_column)
-    steps = len(lengths) // global_batch
-
-    def build(epoch, skip_steps, input_context):
-        order = rng(seed, epoch).permutation(len(lengths)) if shuffle else np.arange(len(lengths))
-        order = order[skip_steps * global_batch : steps * global_batch]
-        ds = tf.data.Dataset.from_tensor_slices((tf.gather(ragged, order), labels[order]))
-
-        def pad(batch, y):
-            ids = batch.to_tensor()
-            mask = tf.sequence_mask(batch.row_lengths(), tf.shape(ids)[1], dtype=tf.int32)
-            return {"input_ids": ids, "attention_mask": mask}, y, tf.ones([global_batch])
-
-        ds = ds.batch(global_batch, drop_remainder=True)
-        return ds.map(pad).prefetch(tf.data.AUTOTUNE)
-
-    return Batches(
-        build,
-        steps,
-        global_batch,
-        examples=steps * global_batch,
-        max_width=int(lengths.max()),
-        name="longest-padded batches",
-    )

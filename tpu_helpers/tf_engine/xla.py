@@ -67,7 +67,7 @@ def masked_sparse_crossentropy(labels, logits):
 
 @dataclass(frozen=True)
 class XlaTarget:
-    """Where ``compiled_hlo``, ``preflight`` and ``xla_runs.train_counting_compiles`` compile.
+    """Where ``compiled_hlo`` and ``preflight`` compile (and notebook tf/05's counting pass).
 
     Attributes:
         device: the TensorFlow device that runs compiled steps (``"/CPU:0"``,
