@@ -78,9 +78,12 @@ def test_each_packed_example_gets_the_logits_it_gets_alone(fixtures_dir, family)
     model = keras3.classifier(fixtures_dir / "engines" / family, verbose=False)
     arrays, rows = packed(examples, types, [0] * len(examples))
     assert max(len(row) for row in rows) > 1, rows  # some rows hold several examples
-    logits = np.asarray(keras3.packed_classifier(model)(features_of(arrays)))
+    packed_model = keras3.packed_classifier(model)
+    logits = np.asarray(packed_model(features_of(arrays)))
     assert logits.shape == (len(rows), 4, model.network.outputs[0].shape[-1])
     assert largest_gap(logits, rows, np.asarray(model(features))) < TOLERANCE
+    # no weight of its own: training it trains the model (notebook 07 checks the same)
+    assert {w.path for w in packed_model.weights} <= {w.path for w in model.weights}
 
 
 def test_in_bfloat16_packed_examples_get_what_they_get_alone_in_bfloat16(fixtures_dir):
