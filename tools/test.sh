@@ -155,6 +155,9 @@ keras3_leg() {
   local tests=(tests/test_keras3.py tests/test_keras3_packing.py tests/test_runtime.py)
   if [ "$stack" = keras3 ]; then
     more=(tests/test_workshop_jax.py)  # the JAX exercise checks' wrong answers
+    # the decoders' tests run on the Colab-shaped leg; the killed sharded LoRA run's resume
+    # here too, on Kaggle's stack (a v5e-8's mesh is its case)
+    more+=(tests/test_decoders.py::test_a_killed_sharded_lora_run_resumes_to_the_weights_of_one_never_stopped)
     # Of the two pod-slice rehearsals, the one on TFRecord shards (each host reading its
     # own) runs beside the other legs; the in-memory one when this leg runs alone.
     if [ "${#stacks[@]}" -gt 1 ]; then
