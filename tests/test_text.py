@@ -140,6 +140,11 @@ def test_max_length_against_the_model_limit():
     assert text.check_max_length(128, config) == 128
     with pytest.raises(ValueError, match="max_length=600 exceeds the bert model's limit of 512"):
         text.check_max_length(600, config)
+    # notebook 06's blocks: the parameter named as the notebook names it
+    with pytest.raises(ValueError, match="block_size=600 exceeds .* Fix: block_size <= 512"):
+        text.check_max_length(600, config, name="block_size")
+    with pytest.raises(ValueError, match="block_size=0 must be a positive"):
+        text.check_max_length(0, config, name="block_size")
 
 
 def test_position_limits_of_real_configs():

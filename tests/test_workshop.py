@@ -754,6 +754,10 @@ def test_schedule_decays_over_the_whole_run():
     workshop.check_schedule(create_optimizer(1e-4, total, warmup)[1], 1e-4, total, 0.05)
     # a warmup of round() or ceil() steps, one more than int() here, is right too
     workshop.check_schedule(create_optimizer(1e-4, 90, 5)[1], 1e-4, 90, 0.05)
+    # a run of one or two steps has no warmup step (int(0.06 * 2) == 0): judged all the same
+    for total in (1, 2, 3):
+        workshop.check_schedule(create_optimizer(1e-4, total, 0)[1], 1e-4, total, 0.06)
+        _raises(workshop.check_schedule, lambda step: 1e-4, 1e-4, total, 0.06, match="still")
 
 
 def test_attention_mask():

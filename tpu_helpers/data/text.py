@@ -87,22 +87,23 @@ def load_text_dataset(
     return data
 
 
-def check_max_length(max_length: int, model_config, *, log=say) -> int:
+def check_max_length(max_length: int, model_config, *, log=say, name: str = "max_length") -> int:
     """Refuse a ``max_length`` the model's position embeddings cannot hold (see
     ``position_limit``; a tokenizer instead of a config raises ``TypeError``). A model
-    that names no limit takes ``max_length`` as given, and ``log`` says so."""
-    check_positive(max_length=max_length)
+    that names no limit takes ``max_length`` as given, and ``log`` says so. ``name`` is
+    the parameter's name in the messages (``block_size`` for notebook 06's blocks)."""
+    check_positive(**{name: max_length})
     limit = position_limit(model_config)
     if limit is None:
         log(
             f"The {model_config.model_type} model names no position limit (relative"
-            f" positions): max_length={max_length} is used as given; its model card says"
+            f" positions): {name}={max_length} is used as given; its model card says"
             " how long its training sequences were."
         )
     elif max_length > limit:
         raise InputError(
-            f"max_length={max_length} exceeds the {model_config.model_type} model's limit of"
-            f" {limit} positions. Fix: max_length <= {limit}."
+            f"{name}={max_length} exceeds the {model_config.model_type} model's limit of"
+            f" {limit} positions. Fix: {name} <= {limit}."
         )
     return max_length
 

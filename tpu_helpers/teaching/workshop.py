@@ -908,9 +908,11 @@ def _check_warmup(at: Callable, learning_rate: float, warmup: int, exercise: str
             f" warmup must end at step {warmup} (num_warmup_steps is a number of steps,"
             " int(warmup_fraction * total_steps)).",
         )
+    if warmup < 4:  # too few steps to judge the rise by (a short run has none at all)
+        return
     half = warmup // 2
     rising = [learning_rate * half / steps for steps in (warmup, warmup + 1)]
-    if warmup >= 4 and not any(math.isclose(at(half), r, rel_tol=0.1) for r in rising):
+    if not any(math.isclose(at(half), r, rel_tol=0.1) for r in rising):
         _fail(
             exercise,
             f"halfway through the warmup (step {half}) the rate is {at(half):g}, not about"
@@ -934,13 +936,13 @@ def _check_decay(
     # three quarters into the decay a quarter of the peak is left (a linear decay; a
     # cosine one leaves 15 %): a decay that ends early (num_train_steps of one epoch, or
     # less the warmup) has reached 0 or nearly, one that ends late has more left
+    if total_steps - warmup < 8:  # too few steps to judge the decay's shape by
+        return
     late = warmup + 3 * (total_steps - warmup) // 4
     left = [(total_steps - late) / (total_steps - w) for w in (warmup, warmup + 1)]
     expected = [learning_rate * f for f in left]
     expected += [learning_rate * 0.5 * (1 + math.cos(math.pi * (1 - f))) for f in left]
-    if total_steps - warmup >= 8 and not any(
-        math.isclose(at(late), e, rel_tol=0.05) for e in expected
-    ):
+    if not any(math.isclose(at(late), e, rel_tol=0.05) for e in expected):
         _fail(
             exercise,
             f"at step {late}, three quarters into the decay, the rate is {at(late):g}, not"
