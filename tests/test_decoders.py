@@ -285,6 +285,31 @@ def test_the_merged_export_is_w_plus_scaled_a_b_and_loads_back(fixtures_dir, tmp
 
 
 @pytest.mark.parametrize("name", FAMILIES)
+def test_transformers_loads_the_merged_export_with_the_tuned_models_logits(
+    fixtures_dir, tmp_path, name
+):
+    """Where PyTorch is installed (transformers 5 loads no model without it; no test stack
+    has it, so this ran by hand: docs/compatibility.md has the figures)."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    lm = load(fixtures_dir / name)
+    lm.backbone.enable_lora(4)
+    rng = np.random.default_rng(0)
+    for variable in lm.backbone.trainable_weights:  # as after some training
+        variable.assign(0.05 * rng.standard_normal(variable.shape).astype("float32"))
+    ids = np.array([[3, 17, 42, 99, 7, 25, 11, 5]])
+    tuned = np.asarray(lm({"token_ids": ids, "padding_mask": np.ones_like(ids, bool)}))
+    decoders.save_merged(lm, fixtures_dir / name, tmp_path / "merged")
+    hub_model = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "merged", dtype=torch.float32, attn_implementation="eager"
+    )
+    with torch.no_grad():
+        loaded = hub_model(torch.tensor(ids)).logits.numpy()
+    assert relative_gap(loaded, tuned) < 1e-5
+
+
+@pytest.mark.parametrize("name", FAMILIES)
 def test_the_peft_adapter_adds_what_the_merged_export_added(fixtures_dir, tmp_path, name):
     """LoRA on every projection of the attention and the MLP: for each module, PEFT's
     ``lora_B @ lora_A`` times its pattern's ``alpha / r`` equals what ``save_merged`` added to
