@@ -68,13 +68,14 @@ def main() -> None:
     from tpu_helpers.teaching.fixtures import build_fixtures
 
     tf.get_logger().setLevel("ERROR")  # a retrace per new shape is the point here
-    page = {"tf": tf, "np": np, "pd": pd, "time": time, "batch_size": BATCH}
+    page = {"tf": tf, "np": np, "pd": pd, "time": time, "batch_size": BATCH}  # its globals
     train = page_function(PAGE, "train_counting_compiles", **page)
     summary = page_function(PAGE, "summary", **page)
     fixtures = Path(args.fixtures)
     build_fixtures(fixtures, verbose=False, full_splits=True)
     checkpoint = str(fixtures / "tiny-distilbert")
     tokenizer = hub.load_tokenizer(checkpoint)
+    page["tokenizer"] = tokenizer  # the page pads with its pad id
     split = load_dataset(str(fixtures / "cola"))["train"]
     split = text.tokenize(split.select(range(min(args.examples, len(split)))), tokenizer, 128)
 
