@@ -206,11 +206,10 @@ keras3_leg() {
 
 # At eight devices, on the Kaggle-shaped leg: the notebooks that lay out their own batches,
 # models and stock runs over the devices (00; 01 on sentence pairs, segment ids laid out
-# too) and the decoder's mesh
-# (10 on Gemma 3: its layer names, heads-first kernels, scaled embeddings and two stop
-# tokens differ most from Qwen 3, the Colab-shaped leg's run). The others run at one
-# device on the Colab-shaped leg and at two in the main job; their batches at eight in the
-# unit tests.
+# too) and the decoder's mesh (10 on Gemma 3: its layer names, heads-first kernels, scaled
+# embeddings and two stop tokens differ most from Qwen 3, the Colab-shaped leg's run). The
+# others run at one device on the Colab-shaped leg and at two in the main job; their
+# batches at eight in the unit tests.
 eight_devices_notebooks() {
   local stack="$1" n
   shift
