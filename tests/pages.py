@@ -10,6 +10,18 @@ from pathlib import Path
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
+def page_cell(notebook: str, starts: str) -> str:
+    """The source of the one code cell of ``notebooks/<notebook>`` that starts with
+    ``starts``."""
+    cells = json.loads((NOTEBOOKS / notebook).read_text())["cells"]
+    (source,) = [
+        "".join(c["source"])
+        for c in cells
+        if c["cell_type"] == "code" and "".join(c["source"]).startswith(starts)
+    ]
+    return source
+
+
 def page_function(notebook: str, name: str, **names):
     """The function ``name`` that a code cell of ``notebooks/<notebook>`` defines, compiled
     alone (the rest of its cell not run), with ``names`` as its globals."""

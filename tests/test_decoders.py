@@ -146,13 +146,9 @@ PAGE = ROOT / "notebooks" / "10_decoder_lora_fine_tuning.ipynb"
 def page_cell(starts: str) -> str:
     """The source of notebook 10's code cell that starts with ``starts`` (run here as the
     page writes it, not a copy that could drift from it)."""
-    cells = json.loads(PAGE.read_text())["cells"]
-    (source,) = [
-        "".join(c["source"])
-        for c in cells
-        if c["cell_type"] == "code" and "".join(c["source"]).startswith(starts)
-    ]
-    return source
+    from pages import page_cell as notebook_cell
+
+    return notebook_cell(PAGE.name, starts)
 
 
 def packed_model(causal_lm, folder: Path, width: int):
