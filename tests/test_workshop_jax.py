@@ -12,6 +12,7 @@ else:
     pytest.importorskip("keras_hub")
 
 from tpu_helpers import keras3
+from tpu_helpers.keras3.steps import variable_values  # noqa: E402
 from tpu_helpers.teaching import workshop_jax  # noqa: E402
 from tpu_helpers.teaching.workshop import ExerciseCheckError  # noqa: E402
 
@@ -187,7 +188,7 @@ def test_fused_steps_equal_the_steps_one_by_one_and_wrong_fusions_are_refused(co
     model, batch = compiled
     step = _step(model, model.optimizer)
     state = jax.device_put(
-        workshop_jax.model_state(model),
+        variable_values(model),
         NamedSharding(Mesh(np.array(jax.devices()), ("batch",)), PartitionSpec()),
     )
     stack = jax.tree.map(lambda a: jnp.stack([a, a, a]), batch)
@@ -308,7 +309,7 @@ def test_the_custom_loops_weights_after_steps_equal_fits(compiled, count):
     mesh = Mesh(np.array(jax.devices()[:count]), ("batch",))
     host = jax.device_get(batch)
     batch = jax.device_put(host, NamedSharding(mesh, PartitionSpec("batch")))
-    state = jax.device_put(workshop_jax.model_state(model), NamedSharding(mesh, PartitionSpec()))
+    state = jax.device_put(variable_values(model), NamedSharding(mesh, PartitionSpec()))
     stack = jax.tree.map(lambda a: jnp.stack([a, a, a]), batch)
     ours, _ = jax.jit(lambda s, b: jax.lax.scan(_step(model, model.optimizer), s, b))(state, stack)
     fits = state

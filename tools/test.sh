@@ -156,7 +156,7 @@ keras3_leg() {
   if [ "$stack" = keras3 ]; then
     more=(tests/test_workshop_jax.py)  # the JAX exercise checks' wrong answers
     # the decoders' tests run on the Colab-shaped leg; the killed sharded LoRA run's resume
-    # here too, on Kaggle's stack (a v5e-8's mesh is its case)
+    # here only, on Kaggle's stack (a v5e-8's mesh is its case)
     more+=(tests/test_decoders.py::test_a_killed_sharded_lora_run_resumes_to_the_weights_of_one_never_stopped)
     # Of the two pod-slice rehearsals, the one on TFRecord shards (each host reading its
     # own) runs beside the other legs; the in-memory one when this leg runs alone.
@@ -184,7 +184,9 @@ keras3_leg() {
     # the four families the Keras 3 engine reads with converters or heads of its own, at one
     # device on this stack's JAX (the Kaggle-shaped leg runs every family at eight)
     here+=" or (both_engines_give and (electra or deberta or deit or swin))"
-    more=(tests/test_offline.py tests/test_decoders.py -k "not test_keras3 or ($here)")
+    # the killed sharded LoRA run's resume runs on the Kaggle-shaped leg, whose mesh is its case
+    more=(tests/test_offline.py tests/test_decoders.py
+      -k "not killed_sharded_lora and (not test_keras3 or ($here))")
   fi
   local eight=""
   if [ "$stack" = keras3 ]; then  # beside the unit tests, into a log of its own

@@ -19,7 +19,6 @@ __all__ = [
     "check_sharded_batch",
     "check_global_mean",
     "filler_batch",
-    "model_state",
     "check_train_step",
     "check_train_steps",
     "check_same_values_jitted",
@@ -128,15 +127,6 @@ def check_global_mean(weighted_mean: Callable, devices, exercise: str = "00.2") 
 
 
 # --- 02 ---------------------------------------------------------------------------------
-def model_state(model) -> tuple:
-    """``(trainable, non_trainable, optimizer)``: the values of a compiled model's
-    variables, in their order, the state a JAX training step takes and returns
-    (``keras3.steps.variable_values``, as the engine's steps read it)."""
-    from tpu_helpers.keras3.steps import variable_values
-
-    return variable_values(model)
-
-
 def _fits_step(model, state, batch):
     """The state after one step of ``fit`` (Keras' own ``train_step``) from ``state``."""
     import jax
@@ -166,7 +156,9 @@ def check_train_step(train_step: Callable, model, batch, exercise: str = "02.1")
     optimizer state, a loss that is the compiled loss, weight-0 rows counting for nothing."""
     import jax
 
-    state = model_state(model)
+    from tpu_helpers.keras3.steps import variable_values
+
+    state = variable_values(model)
     got = _learners(jax.jit(train_step), exercise, state, batch)
     if not (isinstance(got, tuple) and len(got) == 2 and len(got[0]) == 3):
         _fail(exercise, "train_step must return (state, loss), state as it came: 3 lists.")
