@@ -25,7 +25,6 @@ class                        condition                                     defin
                              keeps (JAX, libtpu)
 ``TPUConnectionError``       no TPU could be resolved                      ``strategy``
 ``RecordsError``             shards and their metadata disagree            ``records``
-``XlaUnavailableError``      compiled steps cannot run in this process     ``xla``
 ``PreflightError``           a preflight check failed                      ``xla``
 ``ExerciseCheckError``       an exercise's answer lacks its property       ``workshop``
 ===========================  ============================================  ============

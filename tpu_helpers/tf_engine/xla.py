@@ -33,8 +33,6 @@ __all__ = [
     "masked_sparse_crossentropy",
     "XlaTarget",
     "xla_target",
-    "XlaUnavailableError",
-    "require_running_target",
     "compiled_hlo",
     "compile_and_run",
     "explain_error",
@@ -136,22 +134,6 @@ def xla_target(refresh: bool = False) -> XlaTarget:
             except Exception:  # noqa: BLE001
                 target = XlaTarget(None, None, f"XLA cannot compile in this process: {reason}")
     _TARGET[:] = [target]
-    return target
-
-
-class XlaUnavailableError(TpuHelpersError, RuntimeError):
-    """Compiled steps cannot run in this process (see ``xla_target().note``)."""
-
-
-def require_running_target() -> XlaTarget:
-    """``xla_target()`` where compiled steps run here; ``XlaUnavailableError`` with the fix
-    where they do not."""
-    target = xla_target()
-    if not target.runs:
-        raise XlaUnavailableError(
-            f"{target.note}. Fix: run this on a TPU after tpu_helpers.connect(), or on a"
-            " machine with the CPU build of TensorFlow (requirements.txt)."
-        )
     return target
 
 
