@@ -255,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = [run for run in runs if any(run[1].startswith(o) for o in args.only)]
     if args.no_variants:  # a variant named in full by --only still runs
         runs = [run for run in runs if run[1] == run[0].stem or run[1] in (args.only or [])]
-    if not runs:
-        print(f"no {engine}-engine notebook matches {args.only or 'the notebooks'}")
+    if not runs:  # a misnamed --only must not pass as a run of nothing
+        raise SystemExit(f"no {engine}-engine notebook matches {args.only or 'the notebooks'}")
     jobs = 1 if args.prepare_only else max(1, min(args.jobs, len(runs)))
     calls = [
         dict(

@@ -24,7 +24,8 @@
 #           5.15, no TensorFlow, no PyTorch): the main track's notebooks at one device
 #           (Colab's free v5e-1; 01 as the teaching page's no-TPU recipe runs it; 03 on
 #           ELECTRA, 04 on ViT and a distilled DeiT, 05 on DeBERTa-v3), the decoders'
-#           tests, and the engine's tests whose outcome this stack decides.
+#           tests (a killed sharded LoRA run's resume on the keras3 leg), and the
+#           engine's tests whose outcome this stack decides.
 #
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -167,21 +168,22 @@ keras3_leg() {
     notebooks=()  # Kaggle's v5e-8: three notebooks at eight devices, below
   else  # Colab's v5e-1: every notebook at one device
     python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
-      --replicas 1 --no-variants
+      --replicas 1 --no-variants || return
     # notebook 01 at one device on this stack is the no-TPU recipe's run (tests/test_offline.py
     # executes every cell, with the same parameter file): not twice
-    rm "build/nbval-$stack/01_text_classification_fit.ipynb"
+    rm "build/nbval-$stack/01_text_classification_fit.ipynb" || return
     # The families the main track took last, each in a notebook that takes a checkpoint:
     # 03 on ELECTRA and 05 on DeBERTa-v3 in place of their DistilBERT runs (the same cells;
-    # DistilBERT runs in 01, 02, 07 and 09 here), and 04 on a distilled DeiT (two heads
-    # averaged) beside its ViT. Swin's 04 costs 145 s of CPU here, its compilations mostly
-    # (2026-12-07); it runs with tools/run.sh --variants, and the engine's tests hold its
-    # logits, loss and step to transformers' on both Keras 3 legs.
-    rm "build/nbval-$stack/03_tfrecord_pipeline.ipynb" "build/nbval-$stack/05_xla_rules.ipynb"
+    # DistilBERT runs in 01 (tests/test_offline.py), 02, 06, 07 and 09 here), and 04 on a
+    # distilled DeiT (two heads averaged) beside its ViT. Swin's 04 costs 145 s of CPU
+    # here, its compilations mostly (2026-12-07); it runs with tools/run.sh --variants, and
+    # the engine's tests hold its logits, loss and step to transformers' on both Keras 3 legs.
+    rm "build/nbval-$stack/03_tfrecord_pipeline.ipynb" "build/nbval-$stack/05_xla_rules.ipynb" \
+      || return
     local n
     for n in 03_tfrecord_pipeline.electra 04_image_streaming.deit 05_xla_rules.deberta; do
       python tools/run_notebooks.py --prepare-only --engine keras3 --out "build/nbval-$stack" \
-        --only "$n" --replicas 1
+        --only "$n" --replicas 1 || return
     done
     # Both Keras 3 legs have the same Keras, KerasHub and package: the engine's unit tests
     # run on the Kaggle-shaped leg, and here only those whose outcome this stack's own
