@@ -140,54 +140,71 @@ def test_checkpoints_load_like_the_hub_ones(fixtures_dir):
     assert "VIT TFViTForImageClassification 3 {'height': 32, 'width': 32} [0.5, 0.5, 0.5]" in out
 
 
-@pytest.mark.parametrize(
-    "family", ["distilbert", "bert", "electra", "deberta-v2", "vit", "deit", "swin"]
-)
-def test_the_weight_table_is_what_transformers_saves(tmp_path, family):
-    """The notebooks' checkpoints are written without a framework, from a table of names
-    and shapes: transformers' TF class of the same config saves the same names and
-    shapes, and reads every written weight (saved again, all come back unchanged: a name
-    missing from the table would come back drawn anew, one too many would not come back)."""
+TABLE_FAMILIES = ("distilbert", "bert", "electra", "deberta-v2", "vit", "deit", "swin")
+
+
+@pytest.fixture(scope="module")
+def weight_tables(tmp_path_factory) -> dict:
+    """What each family's weight table does in transformers' TF class, one interpreter
+    for all of them (TensorFlow and transformers load once): ``{family: its lines}``, or
+    its traceback."""
+    out = tmp_path_factory.mktemp("tables")
     result = run_python(
         f"""
+        import traceback
         from pathlib import Path
         import numpy as np
         import transformers
         from tpu_helpers.teaching import fixtures
-        from tpu_helpers.data import hub
         from tpu_helpers.tf_engine import tf_classes
 
         def tensors(folder):
             from safetensors.numpy import load_file
             return {{k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}}
 
-        out = Path({str(tmp_path)!r})
-        if {family!r} in ("vit", "deit", "swin"):
-            config = fixtures.tiny_image_config({family!r})
-        else:
-            overrides = fixtures.ENGINE_FAMILY_OVERRIDES.get({family!r}, {{}})
-            config = fixtures.tiny_config({family!r}, 300, 0, **overrides)
-        cls = getattr(transformers, "TF" + fixtures._ARCHITECTURES[{family!r}])
-        fixtures.write_untrained_checkpoint(out / "table", config, seed=3)
-        written = tensors(out / "table")
-        tf_classes.save_hub_layout(tf_classes.from_pretrained(cls, out / "table"), out / "again")
-        again = tensors(out / "again")
-        print("NAMES", sorted(written) == sorted(again), len(written))
-        print("VALUES", all(np.array_equal(written[k], again.get(k)) for k in written))
-        fresh = cls(config)
-        fresh(fresh.dummy_inputs)
-        tf_classes.save_hub_layout(fresh, out / "tf")
-        theirs = tensors(out / "tf")
-        print("SHAPES", {{k: v.shape for k, v in written.items()}} == {{k: v.shape for k, v in theirs.items()}})
-        name = max((k for k, v in theirs.items() if v.ndim == 2), key=lambda k: theirs[k].size)
-        # TF's Swin draws its dense layers from Keras' default (Glorot), PyTorch's from a
-        # normal of initializer_range, as the table does (cut at two deviations: 0.88 of it)
-        spread = 0.8796 * config.initializer_range if {family!r} == "swin" else theirs[name].std()
-        print("SPREAD", name, abs(written[name].std() - spread) < 0.003)
+        def check(family, out):
+            if family in ("vit", "deit", "swin"):
+                config = fixtures.tiny_image_config(family)
+            else:
+                overrides = fixtures.ENGINE_FAMILY_OVERRIDES.get(family, {{}})
+                config = fixtures.tiny_config(family, 300, 0, **overrides)
+            cls = getattr(transformers, "TF" + fixtures._ARCHITECTURES[family])
+            fixtures.write_untrained_checkpoint(out / "table", config, seed=3)
+            written = tensors(out / "table")
+            tf_classes.save_hub_layout(tf_classes.from_pretrained(cls, out / "table"), out / "again")
+            again = tensors(out / "again")
+            print(family, "NAMES", sorted(written) == sorted(again), len(written))
+            print(family, "VALUES", all(np.array_equal(written[k], again.get(k)) for k in written))
+            fresh = cls(config)
+            fresh(fresh.dummy_inputs)
+            tf_classes.save_hub_layout(fresh, out / "tf")
+            theirs = tensors(out / "tf")
+            print(family, "SHAPES", {{k: v.shape for k, v in written.items()}} == {{k: v.shape for k, v in theirs.items()}})
+            name = max((k for k, v in theirs.items() if v.ndim == 2), key=lambda k: theirs[k].size)
+            # TF's Swin draws its dense layers from Keras' default (Glorot), PyTorch's from a
+            # normal of initializer_range, as the table does (cut at two deviations: 0.88 of it)
+            spread = 0.8796 * config.initializer_range if family == "swin" else theirs[name].std()
+            print(family, "SPREAD", name, abs(written[name].std() - spread) < 0.003)
+
+        for family in {TABLE_FAMILIES!r}:
+            try:
+                check(family, Path({str(out)!r}) / family)
+            except Exception:
+                print(family, "ERROR", traceback.format_exc().replace("\\n", " | "))
         """
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout
+    lines = [line.split(" ", 1) for line in result.stdout.splitlines() if " " in line]
+    return {f: " ".join(rest for name, rest in lines if name == f) for f in TABLE_FAMILIES}
+
+
+@pytest.mark.parametrize("family", TABLE_FAMILIES)
+def test_the_weight_table_is_what_transformers_saves(weight_tables, family):
+    """The notebooks' checkpoints are written without a framework, from a table of names
+    and shapes: transformers' TF class of the same config saves the same names and
+    shapes, and reads every written weight (saved again, all come back unchanged: a name
+    missing from the table would come back drawn anew, one too many would not come back)."""
+    out = weight_tables[family]
     assert "NAMES True" in out and "VALUES True" in out and "SHAPES True" in out, out
     assert re.search(r"SPREAD \S+ True", out), out
 
