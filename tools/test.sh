@@ -203,22 +203,39 @@ keras3_leg() {
     more=(tests/test_offline.py tests/test_decoders.py
       -k "not killed_sharded_lora and (not test_keras3 or ($here))")
   fi
-  local eight=""
+  local beside="" log="build/test-$stack-8.log"
   if [ "$stack" = keras3 ]; then  # beside the unit tests, into a log of its own
-    eight_devices_notebooks "$stack" "$@" > "build/test-$stack-8.log" 2>&1 &
-    eight=$!
+    eight_devices_notebooks "$stack" "$@" > "$log" 2>&1 &
+    beside=$!
+  else  # half the notebooks in a second process: the other legs end first, and the
+    # notebooks, one kernel at a time, left a core idle for the last ten minutes
+    log="build/test-$stack-2.log"
+    notebooks=(build/nbval-"$stack"/{00,07,09,10}_*.ipynb)
+    other_half "$stack" build/nbval-"$stack"/0[2-6]_*.ipynb "$@" > "$log" 2>&1 &
+    beside=$!
   fi
   # Each pytest's status is kept: the leg runs under `(leg) || status=$?` (timed_leg), where
   # bash ignores set -e, so a failing first run would otherwise pass unseen.
   python -m pytest "${tests[@]}" "${more[@]}" "${notebooks[@]}" \
     --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
     -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@" || status=$?
-  if [ -n "$eight" ]; then
-    wait "$eight" || status=$?
-    echo "=== the notebooks at eight devices (build/test-$stack-8.log)"
-    cat "build/test-$stack-8.log"
-  fi
+  wait "$beside" || status=$?
+  echo "=== beside it ($log)"
+  cat "$log"
   return "$status"
+}
+
+# other_half STACK NOTEBOOK... [ARGS]: the Colab-shaped leg's other notebooks, with a JAX
+# cache of their own (two processes writing one cache could read each other's half-written
+# entries).
+other_half() {
+  local stack="$1" books=()
+  shift
+  while [ "$#" -gt 0 ] && [[ "$1" == *.ipynb ]]; do books+=("$1"); shift; done
+  rm -rf "$JAX_COMPILATION_CACHE_DIR-2" "build/pytest-$stack-2"
+  JAX_COMPILATION_CACHE_DIR="$JAX_COMPILATION_CACHE_DIR-2" python -m pytest "${books[@]}" \
+    --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider \
+    --basetemp "build/pytest-$stack-2" --durations=10 "$@"
 }
 
 # At eight devices, on the Kaggle-shaped leg: the notebooks that lay out their own batches,
