@@ -181,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         "--no-variants", action="store_true", help="only <stem>.yaml, not <stem>.<variant>.yaml"
     )
     parser.add_argument(
+        "--none-ok",
+        action="store_true",
+        help="a run of nothing is no error (tools/run.sh --seeds --only 10: no seeds' notebook)",
+    )
+    parser.add_argument(
         "--replicas",
         type=int,
         default=None,
@@ -256,7 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_variants:  # a variant named in full by --only still runs
         runs = [run for run in runs if run[1] == run[0].stem or run[1] in (args.only or [])]
     if not runs:  # a misnamed --only must not pass as a run of nothing
-        raise SystemExit(f"no {engine}-engine notebook matches {args.only or 'the notebooks'}")
+        message = f"no {engine}-engine notebook matches {args.only or 'the notebooks'}"
+        if not args.none_ok:
+            raise SystemExit(message)
+        print(message)
+        return 0
     jobs = 1 if args.prepare_only else max(1, min(args.jobs, len(runs)))
     calls = [
         dict(

@@ -96,7 +96,7 @@ leg() {
       only+=(--no-variants)
     fi
     python tools/run_notebooks.py --prepare-only --engine tf --out "build/nbval-$stack" \
-      "${only[@]}" --replicas "$replicas" "${precision[@]}"
+      "${only[@]}" --replicas "$replicas" "${precision[@]}" || return
   done
   python -m pytest tests "build/nbval-$stack" --nbval-lax --nbval-current-env \
     --nbval-cell-timeout=900 -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=25 \
@@ -122,9 +122,9 @@ both_tf_stacks() {
 # its step once per replica), which the Keras 3 legs, the last to end, now take.
 tf_tpu_leg() {
   python tools/run_notebooks.py --prepare-only --engine tf --out build/nbval-tpu \
-    --only 00 --replicas 8
+    --only 00 --replicas 8 || return
   python tools/run_notebooks.py --prepare-only --engine tf --out build/nbval-tpu \
-    --only 01_text_classification_fit.pairs --replicas 2
+    --only 01_text_classification_fit.pairs --replicas 2 || return
   python -m pytest tests/test_runtime.py tests/test_install_plans.py tests/test_cli.py \
     tests/test_doctor.py tests/test_strategy.py tests/test_pod.py build/nbval-tpu \
     --nbval-lax --nbval-current-env --nbval-cell-timeout=900 -p no:cacheprovider \
@@ -144,7 +144,8 @@ tf_tpu_leg() {
 # 10 (on Gemma 3, a 2 x 4 mesh). Colab's v5e-1, one device: every main-track notebook, the
 # no-TPU recipe, the decoders' tests, and the engine's tests that this stack decides.
 # The other variants run with tools/run.sh --variants. JAX's persistent compilation cache
-# lives for the leg (one notebook's compilations serve another's of the same shapes). A
+# lives for the leg (one notebook's compilations serve another's of the same shapes; the
+# Colab-shaped leg's second process keeps its own). A
 # kernel that dies mid-cell is reported after 300 s, not after 15 minutes. XLA's CPU pool of
 # one thread per simulated device can leave devices waiting for good at an all-reduce: env.sh
 # and keras3.devices give it two per device (keras3.simulation_env).
@@ -207,11 +208,19 @@ keras3_leg() {
   if [ "$stack" = keras3 ]; then  # beside the unit tests, into a log of its own
     eight_devices_notebooks "$stack" "$@" > "$log" 2>&1 &
     beside=$!
-  else  # half the notebooks in a second process: the other legs end first, and the
-    # notebooks, one kernel at a time, left a core idle for the last ten minutes
+  elif [ "$#" -eq 0 ]; then  # half the notebooks in a second process: the other legs end
+    # first, and the notebooks, one kernel at a time, left a core idle for the last ten
+    # minutes (with pytest's arguments given, one process runs them all)
     log="build/test-$stack-2.log"
-    notebooks=(build/nbval-"$stack"/{00,07,09,10}_*.ipynb)
-    other_half "$stack" build/nbval-"$stack"/0[2-6]_*.ipynb "$@" > "$log" 2>&1 &
+    local book half=() rest=()
+    for book in build/nbval-"$stack"/*.ipynb; do
+      case "$(basename "$book")" in
+        0[2-6]_*) half+=("$book") ;;
+        *) rest+=("$book") ;;
+      esac
+    done
+    notebooks=("${rest[@]}")
+    other_half "$stack" "${half[@]}" > "$log" 2>&1 &
     beside=$!
   fi
   # Each pytest's status is kept: the leg runs under `(leg) || status=$?` (timed_leg), where
@@ -219,23 +228,23 @@ keras3_leg() {
   python -m pytest "${tests[@]}" "${more[@]}" "${notebooks[@]}" \
     --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
     -p no:cacheprovider --basetemp "build/pytest-$stack" --durations=15 "$@" || status=$?
-  wait "$beside" || status=$?
-  echo "=== beside it ($log)"
-  cat "$log"
+  if [ -n "$beside" ]; then
+    wait "$beside" || status=$?
+    echo "=== beside it ($log)"
+    cat "$log"
+  fi
   return "$status"
 }
 
-# other_half STACK NOTEBOOK... [ARGS]: the Colab-shaped leg's other notebooks, with a JAX
-# cache of their own (two processes writing one cache could read each other's half-written
-# entries).
+# other_half STACK NOTEBOOK...: the Colab-shaped leg's other notebooks, with a JAX cache of
+# their own (two processes writing one cache could read each other's half-written entries).
 other_half() {
-  local stack="$1" books=()
+  local stack="$1"
   shift
-  while [ "$#" -gt 0 ] && [[ "$1" == *.ipynb ]]; do books+=("$1"); shift; done
   rm -rf "$JAX_COMPILATION_CACHE_DIR-2" "build/pytest-$stack-2"
-  JAX_COMPILATION_CACHE_DIR="$JAX_COMPILATION_CACHE_DIR-2" python -m pytest "${books[@]}" \
+  JAX_COMPILATION_CACHE_DIR="$JAX_COMPILATION_CACHE_DIR-2" python -m pytest "$@" \
     --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider \
-    --basetemp "build/pytest-$stack-2" --durations=10 "$@"
+    --basetemp "build/pytest-$stack-2" --durations=10
 }
 
 # At eight devices, on the Kaggle-shaped leg: the notebooks that lay out their own batches,
