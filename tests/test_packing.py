@@ -471,3 +471,24 @@ def test_the_helpers_packing_is_the_one_notebook_07_writes_on_its_page(width, ma
     rows = packing.pack_rows(lengths, width, max_per_row, seed=None)
     assert rows == _page_best_fit_rows()(lengths, width, max_per_row)
     assert sorted(i for row in rows for i in row) == list(range(500))
+
+
+@pytest.mark.parametrize("width,max_per_row", [(16, 2), (64, 16), (128, 5)])
+def test_the_helpers_arrays_are_the_ones_notebook_07_writes_on_its_page(width, max_per_row):
+    """Rows of one to max_per_row examples, a row filled to its width, pad id 1 (RoBERTa's):
+    the page's ``packed_features`` and ``packing.packed_arrays`` give the same arrays."""
+    from pages import page_function
+
+    page = page_function("07_packed_fine_tuning.ipynb", "packed_features", np=np)
+    rng = np.random.default_rng(width)
+    lengths = rng.integers(1, width + 1, 300) // 2 + 1
+    token_ids = [rng.integers(2, 500, n).tolist() for n in lengths]
+    labels = rng.integers(0, 3, 300).tolist()
+    rows = packing.pack_rows(lengths, width, max_per_row, seed=None)
+    ours = page(rows, token_ids, labels, width, max_per_row, 1)
+    helper = packing.packed_arrays(token_ids, labels, rows, width, max_per_row, 1)
+    assert set(ours) == set(helper)
+    for key in helper:
+        np.testing.assert_array_equal(ours[key], helper[key], err_msg=key)
+    assert (helper["input_ids"] == 1).any()  # padding, in the pad id given
+    assert max_per_row == 2 or (helper["weights"] == 0).any()  # empty slots too
